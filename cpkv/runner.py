@@ -1,0 +1,120 @@
+"""The trace runner: drives a trace through CP ranks (real gloo processes or in-process threads)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+from cpkv_core.allocator import pages_needed_for_trace
+from cpkv_core.batch import BatchSpec
+from cpkv_core.comm import Communicator, run_local
+from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.engine import CPEngine
+from cpkv_core.launch import ProgressEvent, report_progress, spawn_group
+from cpkv_core.outputs import BatchOutput, RankBatchOutput, merge_rank_outputs
+from cpkv_core.plan import ExecutionPlan
+from cpkv_core.reference import ReferenceModel
+
+
+class Backend(StrEnum):
+    """Where CP ranks run."""
+
+    GLOO = "gloo"
+    """One process per rank, a real torch.distributed gloo group."""
+    LOCAL = "local"
+    """One thread per rank in this process, through the same communication interface."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankJob:
+    """Everything a rank needs to run a trace at several levels; picklable."""
+
+    model: ModelConfig
+    deploy: DeploymentConfig
+    batches: tuple[BatchSpec, ...]
+    plans_by_level: tuple[tuple[ExecutionPlan, ...], ...]
+    """For each level run, one plan per batch."""
+    num_pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchProgress:
+    """Sent by rank 0 after each batch: level run index and batch index."""
+
+    run: int
+    batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class LevelRun:
+    """One level's run of a trace: merged outputs and per-rank pieces, batch by batch."""
+
+    outputs: tuple[BatchOutput, ...]
+    rank_outputs: tuple[tuple[RankBatchOutput, ...], ...]
+    """``rank_outputs[batch][rank]``."""
+
+
+def num_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
+    """Pool size that holds the whole trace, plus one spare page."""
+    return pages_needed_for_trace(batches, page_size) + 1
+
+
+def _run_job(
+    comm: Communicator, job: RankJob, notify: Callable[[BatchProgress], None] | None
+) -> list[list[RankBatchOutput]]:
+    """One rank's part: a fresh engine per level, every batch in order; rank 0 notifies."""
+    results = []
+    for run, plans in enumerate(job.plans_by_level):
+        engine = CPEngine(job.model, job.deploy, comm, job.num_pages)
+        outputs = []
+        for batch, plan in zip(job.batches, plans, strict=True):
+            outputs.append(engine.run_batch(batch, plan))
+            if comm.rank == 0 and notify is not None:
+                notify(BatchProgress(run, batch.batch))
+        results.append(outputs)
+    return results
+
+
+def run_rank(comm: Communicator, job: RankJob) -> list[list[RankBatchOutput]]:
+    """Entry point of a spawned rank: runs the job and streams progress to the parent."""
+    return _run_job(comm, job, report_progress)
+
+
+def run_levels(
+    job: RankJob,
+    backend: Backend,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    timeout_s: float = 600.0,
+) -> list[LevelRun]:
+    """Runs ``job`` on ``job.deploy.cp_size`` ranks; one ``LevelRun`` per entry of plans_by_level."""
+    cp_size = job.deploy.cp_size
+    if backend is Backend.GLOO:
+
+        def forward(event: object) -> None:
+            if on_progress is not None and isinstance(event, ProgressEvent):
+                assert isinstance(event.message, BatchProgress), event
+                on_progress(event.message)
+
+        per_rank = spawn_group(cp_size, run_rank, (job,), timeout_s=timeout_s, on_progress=forward)
+    else:
+        per_rank = run_local(cp_size, lambda comm: _run_job(comm, job, on_progress), timeout_s)
+    runs = []
+    for run in range(len(job.plans_by_level)):
+        by_batch = tuple(
+            tuple(per_rank[rank][run][i] for rank in range(cp_size)) for i in range(len(job.batches))
+        )
+        outputs = tuple(
+            merge_rank_outputs(batch, pieces) for batch, pieces in zip(job.batches, by_batch, strict=True)
+        )
+        runs.append(LevelRun(outputs, by_batch))
+    return runs
+
+
+def run_reference(job: RankJob) -> list[BatchOutput]:
+    """The oracle's outputs for every batch of ``job``."""
+    reference = ReferenceModel(job.model, job.num_pages, job.deploy.page_size, job.deploy.index_k_dtype)
+    with torch.no_grad():
+        return [reference.run_batch(batch) for batch in job.batches]

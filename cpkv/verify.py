@@ -1,0 +1,131 @@
+"""``cpkv verify``: run a trace on CP ranks at each level and compare every batch with the oracle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cpkv.runner import (
+    Backend,
+    BatchProgress,
+    LevelRun,
+    RankJob,
+    num_pages_for,
+    run_levels,
+    run_reference,
+)
+from cpkv_core.batch import BatchSpec
+from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.outputs import OUTPUT_ATOL, BatchComparison, BatchOutput, compare_batch
+from cpkv_core.plan import ExecutionPlan
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRow:
+    """One batch at one level: what it moved, what it stores, how it compares."""
+
+    level: int
+    batch: int
+    tokens: int
+    gathered_bytes_by_rank: tuple[int, ...]
+    kv_bytes_by_rank: tuple[int, ...]
+    comparison: BatchComparison
+
+
+@dataclass(frozen=True, slots=True)
+class LevelReport:
+    """All batches of one level."""
+
+    level: int
+    rows: tuple[BatchRow, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Every batch matched the reference."""
+        return all(r.comparison.ok for r in self.rows)
+
+    @property
+    def max_abs_diff(self) -> float:
+        """Largest output difference over the level's batches."""
+        return max((r.comparison.max_abs_diff for r in self.rows), default=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """The verdict of a verify run."""
+
+    levels: tuple[LevelReport, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Every level matched."""
+        return all(level.ok for level in self.levels)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON document of ``cpkv verify --json``."""
+        return {
+            "ok": self.ok,
+            "tolerance": {"outputs_atol": OUTPUT_ATOL, "topk": "exact"},
+            "levels": [
+                {"level": lv.level, "ok": lv.ok, "max_abs_diff": lv.max_abs_diff}
+                for lv in self.levels
+            ],
+            "batches": [
+                {
+                    "level": row.level,
+                    "batch": row.batch,
+                    "ok": row.comparison.ok,
+                    "tokens": row.tokens,
+                    "max_abs_diff": row.comparison.max_abs_diff,
+                    "topk_equal": row.comparison.topk_equal,
+                    "topk_mismatches": row.comparison.topk_mismatches,
+                    "gathered_bytes_by_rank": list(row.gathered_bytes_by_rank),
+                    "kv_bytes_by_rank": list(row.kv_bytes_by_rank),
+                }
+                for lv in self.levels
+                for row in lv.rows
+            ],
+        }
+
+
+def _level_report(level: int, job: RankJob, run: LevelRun, reference: list[BatchOutput]) -> LevelReport:
+    rows = []
+    for batch, ref, got, pieces in zip(
+        job.batches, reference, run.outputs, run.rank_outputs, strict=True
+    ):
+        rows.append(
+            BatchRow(
+                level=level,
+                batch=batch.batch,
+                tokens=batch.num_tokens,
+                gathered_bytes_by_rank=tuple(sum(p.gathered_bytes.values()) for p in pieces),
+                kv_bytes_by_rank=tuple(p.kv_bytes for p in pieces),
+                comparison=compare_batch(ref, got),
+            )
+        )
+    return LevelReport(level, tuple(rows))
+
+
+def verify_levels(
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    batches: tuple[BatchSpec, ...],
+    levels: Mapping[int, tuple[ExecutionPlan, ...]],
+    backend: Backend,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+) -> VerifyReport:
+    """Runs ``batches`` once per level (one plan per batch) in one group, compares each run."""
+    ordered = sorted(levels)
+    job = RankJob(
+        model=model,
+        deploy=deploy,
+        batches=batches,
+        plans_by_level=tuple(levels[lv] for lv in ordered),
+        num_pages=num_pages_for(batches, deploy.page_size),
+    )
+    reference = run_reference(job)
+    runs = run_levels(job, backend, on_progress)
+    return VerifyReport(
+        tuple(_level_report(lv, job, run, reference) for lv, run in zip(ordered, runs, strict=True))
+    )

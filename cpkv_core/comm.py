@@ -1,0 +1,340 @@
+"""Communication layer: the one module that imports ``torch.distributed``.
+
+Everything above talks to a ``Communicator``: a real process group
+(``TorchDistCommunicator``, gloo on CPU, NCCL on CUDA) or an in-process group of threads
+(``LocalGroup``, for fast property tests). Both count the bytes of every collective under
+a caller-chosen tag in ``CommStats``.
+
+Byte accounting, per rank: an all-gather of a local tensor of ``B`` bytes over a group of
+``W`` ranks records ``contributed = B`` (what this rank sends in) and ``gathered = W * B``
+(the size of the gathered result this rank holds). Object collectives used to collect
+results (``gather_objects``) are bookkeeping, not KV traffic, and are not counted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Protocol, TypeVar, cast
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = [
+    "CollectiveStats",
+    "CommStats",
+    "Communicator",
+    "LocalCommunicator",
+    "LocalGroup",
+    "TorchDistCommunicator",
+    "destroy_process_group",
+    "init_process_group",
+    "new_group_communicator",
+    "run_local",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class CollectiveStats:
+    """Running totals of one tag's collectives on one rank.
+
+    Attributes:
+        calls: Collectives issued under the tag.
+        bytes_contributed: Bytes this rank sent in (its local tensors).
+        bytes_gathered: Bytes of the gathered results this rank received.
+    """
+
+    calls: int = 0
+    bytes_contributed: int = 0
+    bytes_gathered: int = 0
+
+
+@dataclass(slots=True)
+class CommStats:
+    """Per-tag collective byte counts of one rank (see the module docstring for bytes)."""
+
+    by_tag: dict[str, CollectiveStats] = field(default_factory=dict)
+
+    def record(self, tag: str, contributed: int, gathered: int) -> None:
+        """Adds one collective of ``contributed`` / ``gathered`` bytes under ``tag``."""
+        stats = self.by_tag.setdefault(tag, CollectiveStats())
+        stats.calls += 1
+        stats.bytes_contributed += contributed
+        stats.bytes_gathered += gathered
+
+    def total_gathered(self) -> int:
+        """Gathered bytes over all tags."""
+        return sum(s.bytes_gathered for s in self.by_tag.values())
+
+    def total_contributed(self) -> int:
+        """Contributed bytes over all tags."""
+        return sum(s.bytes_contributed for s in self.by_tag.values())
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        """Plain, picklable ``{tag: {calls, bytes_contributed, bytes_gathered}}``."""
+        return {
+            tag: {
+                "calls": s.calls,
+                "bytes_contributed": s.bytes_contributed,
+                "bytes_gathered": s.bytes_gathered,
+            }
+            for tag, s in self.by_tag.items()
+        }
+
+    def reset(self) -> None:
+        """Forgets every count."""
+        self.by_tag.clear()
+
+
+class Communicator(Protocol):
+    """Collectives over one group of ranks; ``rank`` and ``world_size`` are group-local."""
+
+    rank: int
+    world_size: int
+    stats: CommStats
+
+    def all_gather(self, tensor: Tensor, tag: str) -> Tensor:
+        """Gathers every rank's ``tensor`` and counts the bytes under ``tag``.
+
+        Args:
+            tensor: ``[*shape]``, same shape and dtype on every rank.
+            tag: Name the bytes are counted under (e.g. ``"kv_write"``).
+
+        Returns:
+            A new tensor ``[world_size, *shape]``, row ``r`` from rank ``r``.
+        """
+        ...
+
+    def barrier(self) -> None:
+        """Blocks until every rank of the group arrives."""
+        ...
+
+    def gather_objects(self, obj: object) -> list[object] | None:
+        """Collects a picklable ``obj`` from every rank: the list on rank 0, None elsewhere.
+
+        Not counted in ``stats``: use it for results and reports, not for KV.
+        """
+        ...
+
+
+def _record_all_gather(stats: CommStats, tag: str, tensor: Tensor, world_size: int) -> None:
+    contributed = tensor.numel() * tensor.element_size()
+    stats.record(tag, contributed, world_size * contributed)
+
+
+def _is_float8(dtype: torch.dtype) -> bool:
+    """True for the 1-byte float types (float8 e4m3/e5m2 and friends)."""
+    return dtype.is_floating_point and dtype.itemsize == 1
+
+
+# NOTE: gloo has no single-tensor all-gather in every torch release we support; NCCL has.
+_SINGLE_TENSOR_BACKENDS = frozenset({"nccl"})
+
+
+class TorchDistCommunicator:
+    """A ``Communicator`` over a torch.distributed process group.
+
+    Float8 tensors travel as their uint8 bytes (gloo has no float8 types) and come back
+    as float8, bit for bit.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        """Wraps ``group`` (a subgroup from ``dist.new_group`` or None for the default).
+
+        Raises:
+            RuntimeError: No process group is initialised.
+        """
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "TorchDistCommunicator needs an initialised process group; "
+                "call cpkv_core.comm.init_process_group first"
+            )
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.backend = str(dist.get_backend(group))
+        self.stats = CommStats()
+
+    def all_gather(self, tensor: Tensor, tag: str) -> Tensor:
+        """See ``Communicator.all_gather``."""
+        _record_all_gather(self.stats, tag, tensor, self.world_size)
+        wire = tensor.contiguous()
+        if _is_float8(tensor.dtype):
+            wire = wire.view(torch.uint8)
+        if self.backend in _SINGLE_TENSOR_BACKENDS:
+            flat = wire.reshape(-1)
+            out = flat.new_empty((self.world_size * flat.numel(),))
+            dist.all_gather_into_tensor(out, flat, group=self.group)
+            gathered = out.view(self.world_size, *tensor.shape)
+        else:
+            parts = [torch.empty_like(wire) for _ in range(self.world_size)]
+            dist.all_gather(parts, wire, group=self.group)
+            gathered = torch.stack(parts)
+        return gathered.view(tensor.dtype) if gathered.dtype != tensor.dtype else gathered
+
+    def barrier(self) -> None:
+        """See ``Communicator.barrier``."""
+        dist.barrier(group=self.group)
+
+    def gather_objects(self, obj: object) -> list[object] | None:
+        """See ``Communicator.gather_objects``."""
+        dst = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        out: list[object] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=dst, group=self.group)
+        return out
+
+
+def new_group_communicator(ranks: Sequence[int]) -> TorchDistCommunicator | None:
+    """Builds a communicator over a subgroup of the default group's ``ranks``.
+
+    A collective over the default group: every rank must call it with the same ``ranks``.
+
+    Returns:
+        The subgroup's communicator on member ranks (group-local rank = position in sorted
+        ``ranks``), None elsewhere.
+    """
+    group = dist.new_group(sorted(ranks))
+    if dist.get_rank() not in ranks:
+        return None
+    return TorchDistCommunicator(group)
+
+
+def init_process_group(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+) -> None:
+    """Initialises the default process group (``file://`` or ``tcp://`` ``init_method``).
+
+    ``timeout_s`` bounds the rendezvous and every later collective of the group.
+    """
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def destroy_process_group() -> None:
+    """Destroys the default process group if one is initialised."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class LocalGroup:
+    """An in-process group of ``world_size`` ranks, one thread per rank.
+
+    Collectives rendezvous on a ``threading.Barrier``; ``abort()`` (or a wait longer than
+    ``timeout_s``) breaks it so no rank waits forever for a rank that died.
+    """
+
+    def __init__(self, world_size: int, timeout_s: float | None = 120.0) -> None:
+        if world_size < 1:
+            raise ValueError(f"LocalGroup world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self._barrier = threading.Barrier(world_size, timeout=timeout_s)
+        self._slots: list[object] = [None] * world_size
+        self._comms = [LocalCommunicator(self, rank) for rank in range(world_size)]
+
+    def communicators(self) -> list[LocalCommunicator]:
+        """One communicator per rank, in rank order; use each from its own thread."""
+        return list(self._comms)
+
+    def abort(self) -> None:
+        """Breaks the rendezvous: ranks waiting (now or later) raise BrokenBarrierError."""
+        self._barrier.abort()
+
+    def exchange(self, rank: int, obj: object) -> list[object]:
+        """Every rank posts ``obj`` and gets all ranks' objects, in rank order."""
+        self._slots[rank] = obj
+        self._barrier.wait()
+        gathered = list(self._slots)
+        # NOTE: the second wait keeps a fast rank from overwriting its slot with the next
+        # collective's object before every rank has read this one.
+        self._barrier.wait()
+        return gathered
+
+
+class LocalCommunicator:
+    """A ``Communicator`` for one rank of a ``LocalGroup``."""
+
+    def __init__(self, group: LocalGroup, rank: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.world_size = group.world_size
+        self.stats = CommStats()
+
+    def all_gather(self, tensor: Tensor, tag: str) -> Tensor:
+        """See ``Communicator.all_gather``; raises ValueError on mismatched inputs."""
+        _record_all_gather(self.stats, tag, tensor, self.world_size)
+        posted = self.group.exchange(self.rank, (tag, tensor))
+        parts: list[Tensor] = []
+        for rank, item in enumerate(posted):
+            assert isinstance(item, tuple), f"rank {rank} posted {type(item)} to all_gather"
+            other_tag, other = item
+            if other.shape != tensor.shape or other.dtype != tensor.dtype:
+                raise ValueError(
+                    f"all_gather({tag!r}) needs the same shape and dtype on every rank, got "
+                    f"{tuple(tensor.shape)} {tensor.dtype} on rank {self.rank} and "
+                    f"{tuple(other.shape)} {other.dtype} (tag {other_tag!r}) on rank {rank}"
+                )
+            parts.append(other.to(tensor.device))
+        return torch.stack(parts)
+
+    def barrier(self) -> None:
+        """See ``Communicator.barrier``."""
+        self.group.exchange(self.rank, None)
+
+    def gather_objects(self, obj: object) -> list[object] | None:
+        """See ``Communicator.gather_objects``."""
+        gathered = self.group.exchange(self.rank, obj)
+        return gathered if self.rank == 0 else None
+
+
+def run_local(
+    world_size: int, fn: Callable[[Communicator], T], timeout_s: float | None = 120.0
+) -> list[T]:
+    """Runs ``fn(comm)`` on every rank of a new ``LocalGroup``, one thread per rank.
+
+    Returns:
+        Every rank's result, in rank order.
+
+    Raises:
+        RuntimeError: A rank raised; names the first rank that failed (other than by the
+            broken rendezvous that failure causes), chained to its exception.
+    """
+    group = LocalGroup(world_size, timeout_s=timeout_s)
+    results: list[T | None] = [None] * world_size
+    errors: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+
+    def body(comm: LocalCommunicator) -> None:
+        try:
+            results[comm.rank] = fn(comm)
+        except BaseException as exc:
+            with lock:
+                errors.append((comm.rank, exc))
+            group.abort()
+
+    threads = [
+        threading.Thread(target=body, args=(c,), name=f"cpkv-local-rank{c.rank}", daemon=True)
+        for c in group.communicators()
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        primary = [e for e in errors if not isinstance(e[1], threading.BrokenBarrierError)]
+        rank, exc = (primary or errors)[0]
+        raise RuntimeError(f"local rank {rank} failed: {type(exc).__name__}: {exc}") from exc
+    return cast(list[T], results)

@@ -1,0 +1,240 @@
+"""The CP prefill engine: one rank's execution of a batch under an ``ExecutionPlan``.
+
+Per batch: host metadata first (allocation, token ids, split, index tensors; ``prepare``),
+then tensor work per layer: local projections, all-gather of the current KV and index K,
+the KV write, the KV read with top-k and sparse attention for local queries; then the tail
+collects hidden states and every rank computes the last-token outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from cpkv_core.allocator import PageAllocator
+from cpkv_core.batch import BatchSpec
+from cpkv_core.comm import Communicator
+from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.kv_pool import KVRows, ReplicatedKVPool
+from cpkv_core.model import (
+    ModelWeights,
+    Projections,
+    attend_request,
+    embed,
+    finish_layer,
+    init_weights,
+    lm_head,
+    project,
+)
+from cpkv_core.plan import (
+    ExecutionPlan,
+    KvReadStrategy,
+    KvWriteStrategy,
+    OutputStrategy,
+    SplitStrategy,
+)
+from cpkv_core.split import (
+    SplitMetadata,
+    build_round_robin_split,
+    build_zigzag_split,
+)
+from cpkv_core.outputs import RankBatchOutput
+from cpkv_core.tokens import TokenLedger
+
+SPLIT_BUILDERS: dict[SplitStrategy, Callable[[tuple[int, ...], int], SplitMetadata]] = {
+    SplitStrategy.ZIGZAG: build_zigzag_split,
+    SplitStrategy.ROUND_ROBIN: build_round_robin_split,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRows:
+    """Where one request's tokens sit on this rank."""
+
+    local_rows: Tensor  # [m] rows of this rank's local tokens that belong to the request
+    positions: Tensor  # [m] their logical positions
+    key_locs: Tensor  # [seq_len] logical locs of positions 0..seq_len-1 (req_to_token)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLayout:
+    """Host-built metadata of one batch on one rank; made once, before any tensor work."""
+
+    split: SplitMetadata
+    local_token_indices: Tensor  # [n_local] batch-global token index g of each local row
+    local_token_ids: Tensor  # [n_local]
+    local_positions: Tensor  # [n_local]
+    current_locs: Tensor  # [num_tokens] logical loc of batch token g
+    gather_index: Tensor  # [num_tokens] row of token g in the padded all-gather stack
+    last_token_indices: Tensor  # [bs] batch-global index of each request's last token
+    requests: tuple[RequestRows, ...]  # only requests with tokens on this rank
+
+
+class CPEngine:
+    """One CP rank: its allocator, its KV pool and the plan executor.
+
+    Every rank runs the same host-side allocator and sees the same logical locs.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        deploy: DeploymentConfig,
+        comm: Communicator,
+        num_pages: int,
+        weights: ModelWeights | None = None,
+    ) -> None:
+        if comm.world_size != deploy.cp_size:
+            raise ValueError(
+                f"process group has {comm.world_size} ranks but cp_size is {deploy.cp_size}"
+            )
+        self.cfg = cfg
+        self.deploy = deploy
+        self.comm = comm
+        self.weights = weights if weights is not None else init_weights(cfg)
+        self.allocator = PageAllocator(num_pages, deploy.page_size)
+        self.pool = ReplicatedKVPool(cfg, num_pages, deploy.page_size, deploy.index_k_dtype)
+        self.ledger = TokenLedger()
+
+    def prepare(self, batch: BatchSpec, plan: ExecutionPlan) -> BatchLayout:
+        """Allocates the batch's pages and builds its host-side metadata for this rank."""
+        rank = self.comm.rank
+        split = SPLIT_BUILDERS[plan.split](batch.extend_lens, self.deploy.cp_size)
+        token_ids: list[int] = []
+        positions: list[int] = []
+        current_locs: list[int] = []
+        request_of_token: list[int] = []
+        for index, req in enumerate(batch.requests):
+            self.allocator.allocate(req)
+            token_ids += self.ledger.extend(req, self.cfg.vocab_size)
+            positions += range(req.prefix_len, req.seq_len)
+            current_locs += self.allocator.locs(req.rid, req.prefix_len, req.seq_len)
+            request_of_token += [index] * req.extend_len
+        local = split.local_token_indices[rank]
+        rows_of_request: dict[int, list[int]] = {}
+        for row, g in enumerate(local):
+            rows_of_request.setdefault(request_of_token[g], []).append(row)
+        requests = tuple(
+            RequestRows(
+                local_rows=torch.tensor(rows),
+                positions=torch.tensor([positions[local[row]] for row in rows]),
+                key_locs=torch.tensor(self.allocator.req_to_token(batch.requests[index].rid)),
+            )
+            for index, rows in sorted(rows_of_request.items())
+        )
+        ends = torch.tensor(batch.extend_lens).cumsum(0)
+        return BatchLayout(
+            split=split,
+            local_token_indices=torch.tensor(local, dtype=torch.int64),
+            local_token_ids=torch.tensor([token_ids[g] for g in local], dtype=torch.int64),
+            local_positions=torch.tensor([positions[g] for g in local], dtype=torch.int64),
+            current_locs=torch.tensor(current_locs, dtype=torch.int64),
+            gather_index=torch.tensor(split.gather_index(), dtype=torch.int64),
+            last_token_indices=ends - 1,
+            requests=requests,
+        )
+
+    def run_batch(self, batch: BatchSpec, plan: ExecutionPlan) -> RankBatchOutput:
+        """Runs one batch on this rank; every rank of the group must call it together."""
+        before = self._gathered_bytes()
+        layout = self.prepare(batch, plan)
+        hidden = embed(self.weights, layout.local_token_ids, layout.local_positions)
+        topk_per_layer = []
+        for layer_index, layer in enumerate(self.weights.layers):
+            proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
+            current = self._gather_current(proj, layout)
+            WRITERS[plan.kv_write](self, layer_index, layout, current)
+            attn, topk = READERS[plan.kv_read](self, layer_index, proj, layout)
+            topk_per_layer.append(topk)
+            hidden = finish_layer(layer, hidden, attn)
+        last_hidden = COLLECTORS[plan.output](self, hidden, layout)
+        normed, logits = lm_head(self.weights, last_hidden)
+        after = self._gathered_bytes()
+        return RankBatchOutput(
+            batch=batch.batch,
+            rank=self.comm.rank,
+            local_token_indices=layout.local_token_indices,
+            topk=torch.stack(topk_per_layer),
+            last_hidden=normed,
+            logits=logits,
+            gathered_bytes={tag: after[tag] - before.get(tag, 0) for tag in after},
+            kv_bytes=self.pool.bytes_for_pages(self.allocator.num_pages_in_use),
+        )
+
+    def _gathered_bytes(self) -> dict[str, int]:
+        return {tag: s.bytes_gathered for tag, s in self.comm.stats.by_tag.items()}
+
+    def all_gather_tokens(self, local: Tensor, layout: BatchLayout, tag: str) -> Tensor:
+        """All-gathers per-token rows into batch order.
+
+        Args:
+            local: ``[n_local, ...]`` this rank's rows, in local order.
+
+        Returns:
+            ``[num_tokens, ...]`` every rank's rows, in batch order.
+        """
+        pad_rows = layout.split.max_local - local.shape[0]
+        if pad_rows:
+            local = torch.cat([local, local.new_zeros((pad_rows, *local.shape[1:]))])
+        stacked = self.comm.all_gather(local, tag)  # [cp_size, max_local, ...]
+        return stacked.flatten(0, 1)[layout.gather_index]
+
+    def _gather_current(self, proj: Projections, layout: BatchLayout) -> KVRows:
+        return KVRows(
+            latent=self.all_gather_tokens(proj.latent, layout, "current_kv"),
+            index_k=self.all_gather_tokens(proj.index_k, layout, "current_index_k"),
+            index_k_scale=self.all_gather_tokens(proj.index_k_scale, layout, "current_index_k"),
+        )
+
+
+def write_replicated(engine: CPEngine, layer: int, layout: BatchLayout, current: KVRows) -> None:
+    """Phase 0: every rank stores every current token in its full pool."""
+    engine.pool.write(layer, layout.current_locs, current)
+
+
+def read_local_pool(
+    engine: CPEngine, layer: int, proj: Projections, layout: BatchLayout
+) -> tuple[Tensor, Tensor]:
+    """Phase 0: each request's keys come from the rank's own full pool.
+
+    Returns:
+        ``(attn [n_local, num_heads * kv_lora_rank], topk [n_local, index_topk])``.
+    """
+    cfg = engine.cfg
+    n_local = proj.q.shape[0]
+    attn = proj.q.new_zeros(n_local, cfg.num_heads * cfg.kv_lora_rank)
+    topk = torch.full((n_local, cfg.index_topk), -1, dtype=torch.int64)
+    for req in layout.requests:
+        keys = engine.pool.read(layer, req.key_locs)
+        attn_r, topk_r = attend_request(
+            cfg, proj.rows(req.local_rows), req.positions, keys.latent, keys.index_k, keys.index_k_scale
+        )
+        attn[req.local_rows] = attn_r
+        topk[req.local_rows] = topk_r
+    return attn, topk
+
+
+def collect_full_gather(engine: CPEngine, hidden: Tensor, layout: BatchLayout) -> Tensor:
+    """Phase 0: all-gather every token's hidden state, then keep each request's last token.
+
+    Returns:
+        ``[bs, hidden]`` last-token hidden states, identical on every rank.
+    """
+    full = engine.all_gather_tokens(hidden, layout, "tail_hidden")  # [num_tokens, hidden]
+    return full[layout.last_token_indices]
+
+
+WRITERS: dict[KvWriteStrategy, Callable[[CPEngine, int, BatchLayout, KVRows], None]] = {
+    KvWriteStrategy.REPLICATED: write_replicated,
+}
+READERS: dict[
+    KvReadStrategy, Callable[[CPEngine, int, Projections, BatchLayout], tuple[Tensor, Tensor]]
+] = {
+    KvReadStrategy.LOCAL_POOL: read_local_pool,
+}
+COLLECTORS: dict[OutputStrategy, Callable[[CPEngine, Tensor, BatchLayout], Tensor]] = {
+    OutputStrategy.FULL_GATHER: collect_full_gather,
+}

@@ -1,0 +1,94 @@
+"""Paged KV pools: per layer, MLA latent KV plus the indexer's key and per-token scale."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from cpkv_core.config import IndexKDtype, ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class KVRows:
+    """KV of a set of tokens, as stored: the unit that is written, read and gathered."""
+
+    latent: Tensor  # [n, kv_dim] fp32
+    index_k: Tensor  # [n, index_head_dim] fp8 e4m3 or fp32
+    index_k_scale: Tensor  # [n] fp32
+
+    def __len__(self) -> int:
+        return int(self.latent.shape[0])
+
+
+def index_k_torch_dtype(dtype: IndexKDtype) -> torch.dtype:
+    """The torch dtype that stores index K for ``dtype``."""
+    return torch.float8_e4m3fn if dtype is IndexKDtype.FP8_E4M3 else torch.float32
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: IndexKDtype, latent_itemsize: int = 4) -> int:
+    """Bytes one token occupies in one layer's pool.
+
+    Args:
+        cfg: model dimensions.
+        dtype: index K storage dtype.
+        latent_itemsize: bytes per latent element: 4 for the fp32 test vehicle, 2 for the
+            bf16 latent of the production models.
+    """
+    index_itemsize = 1 if dtype is IndexKDtype.FP8_E4M3 else 4
+    return cfg.kv_dim * latent_itemsize + cfg.index_head_dim * index_itemsize + 4
+
+
+class ReplicatedKVPool:
+    """A paged KV pool holding every logical loc: the phase-0 layout, one full copy per rank.
+
+    Invariant: row ``loc`` of each layer's tensors holds the KV of logical loc ``loc``;
+    ``num_locs = num_pages * page_size``.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_pages: int,
+        page_size: int,
+        dtype: IndexKDtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_pages < 1 or page_size < 1:
+            raise ValueError(f"pool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
+        self.cfg = cfg
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.dtype = dtype
+        num_locs = num_pages * page_size
+        k_dtype = index_k_torch_dtype(dtype)
+        self.layers = tuple(
+            KVRows(
+                latent=torch.zeros(num_locs, cfg.kv_dim, device=device),
+                index_k=torch.zeros(num_locs, cfg.index_head_dim, device=device).to(k_dtype),
+                index_k_scale=torch.zeros(num_locs, device=device),
+            )
+            for _ in range(cfg.num_layers)
+        )
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one token occupies across all layers."""
+        return kv_bytes_per_token(self.cfg, self.dtype) * self.cfg.num_layers
+
+    def bytes_for_pages(self, num_pages: int) -> int:
+        """Bytes that ``num_pages`` pages occupy across all layers."""
+        return num_pages * self.page_size * self.bytes_per_token
+
+    def write(self, layer: int, locs: Tensor, rows: KVRows) -> None:
+        """Stores ``rows`` at logical ``locs [n]`` of ``layer``."""
+        pool = self.layers[layer]
+        pool.latent[locs] = rows.latent
+        pool.index_k[locs] = rows.index_k
+        pool.index_k_scale[locs] = rows.index_k_scale
+
+    def read(self, layer: int, locs: Tensor) -> KVRows:
+        """Gathers the KV at logical ``locs [n]`` of ``layer``."""
+        pool = self.layers[layer]
+        return KVRows(pool.latent[locs], pool.index_k[locs], pool.index_k_scale[locs])

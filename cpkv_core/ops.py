@@ -1,0 +1,109 @@
+"""Batch-invariant tensor ops: a row's result never depends on how many rows share the call.
+
+CP ranks compute a request's tokens in a different grouping than the one-request-at-a-time
+reference, so every reduction here runs in a fixed, shape-independent order:
+
+- fp32 reductions are unrolled into a Python loop of elementwise ``mul``/``add`` over the
+  reduced dimension. Each elementwise op is correctly rounded whatever SIMD path the
+  kernel takes, so the result is bitwise identical for any batch size.
+- fp8 x fp8 dot products run as an fp64 matmul: every product of two e4m3 values is a
+  multiple of 2**-18 below 2**18, so all partial sums are exact in fp64 and any
+  summation order (any BLAS blocking) gives the same bits.
+- ``exp`` is evaluated in fp64 and rounded once to fp32: SIMD and scalar ``exp`` may differ
+  by an fp64 ulp, which survives the rounding only with probability ~2**-29 per value.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+FP8_E4M3_MAX = 448.0
+"""Largest finite float8_e4m3fn value."""
+
+
+def linear(x: Tensor, weight: Tensor) -> Tensor:
+    """``x @ weight`` accumulated over the input dimension in a fixed order.
+
+    Args:
+        x: ``[n, k]`` activations.
+        weight: ``[k, m]`` weights.
+
+    Returns:
+        ``[n, m]``, bitwise independent of ``n``.
+    """
+    out = x[:, 0, None] * weight[0]
+    for i in range(1, weight.shape[0]):
+        out = out + x[:, i, None] * weight[i]
+    return out
+
+
+def ordered_sum(x: Tensor, dim: int) -> Tensor:
+    """Sum over ``dim`` slice by slice, first to last; removes ``dim``."""
+    out = x.select(dim, 0)
+    for i in range(1, x.shape[dim]):
+        out = out + x.select(dim, i)
+    return out
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """RMSNorm over the last dimension: ``x / sqrt(mean(x**2) + eps) * weight``.
+
+    Args:
+        x: ``[n, d]``.
+        weight: ``[d]``.
+    """
+    mean_square = ordered_sum(x * x, dim=-1) / x.shape[-1]
+    # NOTE: sqrt and division are correctly rounded in every SIMD path; rsqrt is not.
+    return x / torch.sqrt(mean_square + eps)[:, None] * weight
+
+
+def softmax_fp64(scores: Tensor, dim: int = -1) -> Tensor:
+    """Softmax over ``dim`` computed in fp64 with a fixed-order denominator.
+
+    Entries equal to ``-inf`` get probability 0; a row must hold at least one finite entry.
+    """
+    scores64 = scores.double()
+    row_max = scores64.amax(dim=dim, keepdim=True)
+    weights = torch.exp(scores64 - row_max)
+    return weights / ordered_sum(weights, dim=dim).unsqueeze(dim)
+
+
+def quantize_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Quantizes rows to float8_e4m3fn with one fp32 scale per row.
+
+    Args:
+        x: ``[..., d]`` fp32.
+
+    Returns:
+        ``(values [..., d] float8_e4m3fn, scale [...] fp32)`` with ``x ~= values * scale``.
+    """
+    amax = x.abs().amax(dim=-1)
+    scale = torch.clamp(amax, min=1e-12) / FP8_E4M3_MAX
+    values = (x / scale[..., None]).to(torch.float8_e4m3fn)
+    return values, scale
+
+
+def exact_fp8_dot(a: Tensor, b: Tensor) -> Tensor:
+    """All dot products of fp8 rows, exact in fp64.
+
+    Args:
+        a: ``[..., n, d]`` float8_e4m3fn.
+        b: ``[m, d]`` float8_e4m3fn.
+
+    Returns:
+        ``[..., n, m]`` fp64, exact (so independent of summation order and batch shape).
+    """
+    return torch.matmul(a.double(), b.double().transpose(0, 1))
+
+
+def ordered_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Dot products over the last dimension of broadcast ``a`` and ``b``, fixed order, fp64.
+
+    Products of fp32 values are exact in fp64; the fixed order makes the sum reproducible.
+    """
+    a64, b64 = a.double(), b.double()
+    out = a64[..., 0] * b64[..., 0]
+    for i in range(1, a.shape[-1]):
+        out = out + a64[..., i] * b64[..., i]
+    return out

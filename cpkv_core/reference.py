@@ -1,0 +1,69 @@
+"""The oracle: the test vehicle without CP, one request at a time, from its own paged pool.
+
+Every CP layout and phase is compared with this. It shares the model math (``model``) with
+the engine and nothing else: no split, no collectives, no plan.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpkv_core.allocator import PageAllocator
+from cpkv_core.batch import BatchSpec, RequestSpec
+from cpkv_core.config import IndexKDtype, ModelConfig
+from cpkv_core.kv_pool import KVRows, ReplicatedKVPool
+from cpkv_core.model import (
+    ModelWeights,
+    attend_request,
+    embed,
+    finish_layer,
+    init_weights,
+    lm_head,
+    project,
+)
+from cpkv_core.outputs import BatchOutput, RequestOutput, stack_topk
+from cpkv_core.tokens import TokenLedger
+
+
+class ReferenceModel:
+    """Runs trace batches without CP; keeps its KV cache across batches (chunked prefill)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        num_pages: int,
+        page_size: int,
+        index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
+        weights: ModelWeights | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.index_k_dtype = index_k_dtype
+        self.weights = weights if weights is not None else init_weights(cfg)
+        self.allocator = PageAllocator(num_pages, page_size)
+        self.pool = ReplicatedKVPool(cfg, num_pages, page_size, index_k_dtype)
+        self.ledger = TokenLedger()
+
+    def run_batch(self, batch: BatchSpec) -> BatchOutput:
+        """Runs every request of ``batch`` on its own, in batch order."""
+        return BatchOutput(batch.batch, tuple(self._run_request(r) for r in batch.requests))
+
+    def _run_request(self, req: RequestSpec) -> RequestOutput:
+        self.allocator.allocate(req)
+        token_ids = torch.tensor(self.ledger.extend(req, self.cfg.vocab_size))
+        positions = torch.arange(req.prefix_len, req.seq_len)
+        current_locs = torch.tensor(self.allocator.locs(req.rid, req.prefix_len, req.seq_len))
+        key_locs = torch.tensor(self.allocator.req_to_token(req.rid))
+        hidden = embed(self.weights, token_ids, positions)
+        topk_per_layer = []
+        for layer_index, layer in enumerate(self.weights.layers):
+            proj = project(self.cfg, layer, hidden, self.index_k_dtype)
+            rows = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
+            self.pool.write(layer_index, current_locs, rows)
+            keys = self.pool.read(layer_index, key_locs)
+            attn, topk = attend_request(
+                self.cfg, proj, positions, keys.latent, keys.index_k, keys.index_k_scale
+            )
+            topk_per_layer.append(topk)
+            hidden = finish_layer(layer, hidden, attn)
+        normed, logits = lm_head(self.weights, hidden[-1:])
+        return RequestOutput(req.rid, normed[0], logits[0], stack_topk(topk_per_layer))

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Sets up everything cpkv needs, idempotently: Debian libraries for Mooncake's wheel, a
+# virtual environment in .venv, torch as the CPU build, and cpkv with its dev tools.
+# Safe to run again: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+TORCH_VERSION=2.13.0
+
+need_debs=()
+for deb in libibverbs1 libnuma1; do
+    dpkg-query -W -f='${Status}' "$deb" 2>/dev/null | grep -q "install ok installed" || need_debs+=("$deb")
+done
+if ((${#need_debs[@]})); then
+    echo "setup: installing Debian packages: ${need_debs[*]}"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_debs[@]}" >/dev/null
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV with $($PYTHON --version)"
+    "$PYTHON" -m venv "$VENV"
+fi
+
+# NOTE: torch is pinned to the CPU build: a bare or open-ended torch pulls a multi-GB CUDA
+# build. On a GPU machine install the matching CUDA build of the same version instead.
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+    echo "setup: installing torch==$TORCH_VERSION (CPU build)"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION"
+fi
+
+stamp="$VENV/.cpkv-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "setup: installing cpkv and its dev tools into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev]"
+    touch "$stamp"
+fi
