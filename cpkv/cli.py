@@ -65,8 +65,12 @@ def _bad_input_exits() -> Iterator[None]:
         raise typer.Exit(2) from exc
 
 
-def _deployment(cp_size: int, cp_mode: CpMode, page_size: int, dtype: IndexKDtype) -> DeploymentConfig:
-    return DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=page_size, index_k_dtype=dtype)
+def _deployment(
+    cp_size: int, cp_mode: CpMode, page_size: int, dtype: IndexKDtype
+) -> DeploymentConfig:
+    return DeploymentConfig(
+        cp_size=cp_size, cp_mode=cp_mode, page_size=page_size, index_k_dtype=dtype
+    )
 
 
 def _model(name: str) -> ModelConfig:
@@ -79,7 +83,9 @@ def _model(name: str) -> ModelConfig:
     return model
 
 
-def _baseline_levels(batches: tuple[BatchSpec, ...], deploy: DeploymentConfig) -> dict[int, tuple[ExecutionPlan, ...]]:
+def _baseline_levels(
+    batches: tuple[BatchSpec, ...], deploy: DeploymentConfig
+) -> dict[int, tuple[ExecutionPlan, ...]]:
     return {0: tuple(ExecutionPlan.baseline(deploy.cp_mode) for _ in batches)}
 
 
@@ -94,7 +100,12 @@ def _run_verify(
     total = len(trace.batches) * len(levels)
     if not show_progress:
         return verify_levels(model, deploy, trace.batches, levels, backend)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=err, transient=True) as progress:
         task = progress.add_task(f"prefill on {deploy.cp_size} {backend} ranks", total=total)
 

@@ -22,7 +22,16 @@ def human_bytes(num: float) -> str:
 def render_verify_table(console: Console, report: VerifyReport, deploy: DeploymentConfig) -> None:
     """One row per (level, batch), then a one-line verdict."""
     table = Table(title=f"cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size}")
-    for name in ("level", "batch", "tokens", "gathered / rank", "KV / rank", "max |diff|", "top-k", "ok"):
+    for name in (
+        "level",
+        "batch",
+        "tokens",
+        "gathered / rank",
+        "KV / rank",
+        "max |diff|",
+        "top-k",
+        "ok",
+    ):
         table.add_column(name, justify="right")
     for level in report.levels:
         for row in level.rows:

@@ -89,7 +89,7 @@ def run_levels(
     on_progress: Callable[[BatchProgress], None] | None = None,
     timeout_s: float = 600.0,
 ) -> list[LevelRun]:
-    """Runs ``job`` on ``job.deploy.cp_size`` ranks; one ``LevelRun`` per entry of plans_by_level."""
+    """Runs ``job`` on ``job.deploy.cp_size`` ranks: one ``LevelRun`` per plans_by_level entry."""
     cp_size = job.deploy.cp_size
     if backend is Backend.GLOO:
 
@@ -104,10 +104,12 @@ def run_levels(
     runs = []
     for run in range(len(job.plans_by_level)):
         by_batch = tuple(
-            tuple(per_rank[rank][run][i] for rank in range(cp_size)) for i in range(len(job.batches))
+            tuple(per_rank[rank][run][i] for rank in range(cp_size))
+            for i in range(len(job.batches))
         )
         outputs = tuple(
-            merge_rank_outputs(batch, pieces) for batch, pieces in zip(job.batches, by_batch, strict=True)
+            merge_rank_outputs(batch, pieces)
+            for batch, pieces in zip(job.batches, by_batch, strict=True)
         )
         runs.append(LevelRun(outputs, by_batch))
     return runs
@@ -115,6 +117,8 @@ def run_levels(
 
 def run_reference(job: RankJob) -> list[BatchOutput]:
     """The oracle's outputs for every batch of ``job``."""
-    reference = ReferenceModel(job.model, job.num_pages, job.deploy.page_size, job.deploy.index_k_dtype)
+    reference = ReferenceModel(
+        job.model, job.num_pages, job.deploy.page_size, job.deploy.index_k_dtype
+    )
     with torch.no_grad():
         return [reference.run_batch(batch) for batch in job.batches]

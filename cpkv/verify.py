@@ -1,4 +1,4 @@
-"""``cpkv verify``: run a trace on CP ranks at each level and compare every batch with the oracle."""
+"""``cpkv verify``: run a trace on CP ranks at each level, compare each batch with the oracle."""
 
 from __future__ import annotations
 
@@ -89,7 +89,9 @@ class VerifyReport:
         }
 
 
-def _level_report(level: int, job: RankJob, run: LevelRun, reference: list[BatchOutput]) -> LevelReport:
+def _level_report(
+    level: int, job: RankJob, run: LevelRun, reference: list[BatchOutput]
+) -> LevelReport:
     rows = []
     for batch, ref, got, pieces in zip(
         job.batches, reference, run.outputs, run.rank_outputs, strict=True

@@ -1,4 +1,4 @@
-"""Host-side batch metadata: what the scheduler knows about a prefill batch before any tensor work."""
+"""Host-side batch metadata: what the scheduler knows of a prefill batch before tensor work."""
 
 from __future__ import annotations
 

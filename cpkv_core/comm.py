@@ -134,6 +134,8 @@ def _is_float8(dtype: torch.dtype) -> bool:
 
 # NOTE: gloo has no single-tensor all-gather in every torch release we support; NCCL has.
 _SINGLE_TENSOR_BACKENDS = frozenset({"nccl"})
+# NOTE: torch 2.13 renamed all_gather_into_tensor (now a deprecated alias) to all_gather_single.
+_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
 
 class TorchDistCommunicator:
@@ -169,7 +171,7 @@ class TorchDistCommunicator:
         if self.backend in _SINGLE_TENSOR_BACKENDS:
             flat = wire.reshape(-1)
             out = flat.new_empty((self.world_size * flat.numel(),))
-            dist.all_gather_into_tensor(out, flat, group=self.group)
+            _all_gather_single(out, flat, group=self.group)
             gathered = out.view(self.world_size, *tensor.shape)
         else:
             parts = [torch.empty_like(wire) for _ in range(self.world_size)]

@@ -128,4 +128,3 @@ class DeploymentConfig(BaseModel):
     """Tokens per KV page (64 for NSA models)."""
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3
     """Storage dtype of the indexer key cache."""
-

@@ -29,6 +29,7 @@ from cpkv_core.model import (
     lm_head,
     project,
 )
+from cpkv_core.outputs import RankBatchOutput
 from cpkv_core.plan import (
     ExecutionPlan,
     KvReadStrategy,
@@ -41,7 +42,6 @@ from cpkv_core.split import (
     build_round_robin_split,
     build_zigzag_split,
 )
-from cpkv_core.outputs import RankBatchOutput
 from cpkv_core.tokens import TokenLedger
 
 SPLIT_BUILDERS: dict[SplitStrategy, Callable[[tuple[int, ...], int], SplitMetadata]] = {
@@ -210,7 +210,12 @@ def read_local_pool(
     for req in layout.requests:
         keys = engine.pool.read(layer, req.key_locs)
         attn_r, topk_r = attend_request(
-            cfg, proj.rows(req.local_rows), req.positions, keys.latent, keys.index_k, keys.index_k_scale
+            cfg,
+            proj.rows(req.local_rows),
+            req.positions,
+            keys.latent,
+            keys.index_k,
+            keys.index_k_scale,
         )
         attn[req.local_rows] = attn_r
         topk[req.local_rows] = topk_r

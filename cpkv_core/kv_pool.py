@@ -56,7 +56,9 @@ class ReplicatedKVPool:
         device: torch.device | str = "cpu",
     ) -> None:
         if num_pages < 1 or page_size < 1:
-            raise ValueError(f"pool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
+            raise ValueError(
+                f"pool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}"
+            )
         self.cfg = cfg
         self.num_pages = num_pages
         self.page_size = page_size

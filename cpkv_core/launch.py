@@ -87,14 +87,14 @@ def _child_main(
     init_method: str,
     backend: str,
     timeout_s: float,
-    fn: Callable[..., object],
-    args: tuple[object, ...],
+    call: bytes,
     results: _Queue,
 ) -> None:
     """Entry point of one spawned rank: init, run ``fn``, report, tear down.
 
-    NOTE: payloads travel as bytes (see ``_dumps``): importing torch makes multiprocessing
-    queues send tensors as shared-memory handles, which die with the child that sent them.
+    NOTE: ``call`` (``fn`` and ``args``) and every payload travel as bytes (see ``_dumps``):
+    importing torch makes multiprocessing send tensors as shared-memory handles, which die
+    with the process that sent them.
     """
     global _progress_queue, _progress_rank
     torch.set_num_threads(1)
@@ -102,14 +102,15 @@ def _child_main(
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
+        fn, args = cast(tuple[Callable[..., object], tuple[object, ...]], _loads(call))
         comm_mod.init_process_group(rank, world_size, init_method, backend, timeout_s)
         value = _dumps(fn(comm_mod.TorchDistCommunicator(), *args))
+        comm_mod.destroy_process_group()
     except BaseException:
         # NOTE: no destroy here: peers may be blocked in a collective with this rank, and
         # the parent kills every process as soon as it reads this report.
         results.put(("error", rank, traceback.format_exc()))
         return
-    comm_mod.destroy_process_group()
     results.put(("result", rank, value))
 
 
@@ -206,10 +207,11 @@ def spawn_group(
     results = ctx.Queue()
     store_dir = tempfile.mkdtemp(prefix="cpkv-spawn-")
     init_method = f"file://{store_dir}/store"
+    call = _dumps((fn, args))
     procs = [
         ctx.Process(
             target=_child_main,
-            args=(rank, world_size, init_method, backend, timeout_s, fn, args, results),
+            args=(rank, world_size, init_method, backend, timeout_s, call, results),
             name=f"cpkv-rank{rank}",
             daemon=True,
         )

@@ -80,7 +80,9 @@ def init_weights(cfg: ModelConfig, device: torch.device | str = "cpu") -> ModelW
             w_index_q=normal(h, cfg.index_n_heads * cfg.index_head_dim, std_in),
             w_index_k=normal(h, cfg.index_head_dim, std_in),
             w_index_weights=normal(h, cfg.index_n_heads, std_in),
-            w_o=normal(cfg.num_heads * cfg.kv_lora_rank, h, (cfg.num_heads * cfg.kv_lora_rank) ** -0.5),
+            w_o=normal(
+                cfg.num_heads * cfg.kv_lora_rank, h, (cfg.num_heads * cfg.kv_lora_rank) ** -0.5
+            ),
         )
         for _ in range(cfg.num_layers)
     )
@@ -126,7 +128,9 @@ class Projections:
         )
 
 
-def project(cfg: ModelConfig, layer: LayerWeights, hidden: Tensor, dtype: IndexKDtype) -> Projections:
+def project(
+    cfg: ModelConfig, layer: LayerWeights, hidden: Tensor, dtype: IndexKDtype
+) -> Projections:
     """Projects ``hidden [n, hidden]`` to latent KV, query and indexer inputs."""
     n = hidden.shape[0]
     x = rms_norm(hidden, layer.attn_norm)
@@ -201,7 +205,9 @@ def select_topk(scores: Tensor, query_positions: Tensor, topk: int) -> Tensor:
     return torch.where(chosen < width, chosen, NO_KEY)
 
 
-def sparse_attention(cfg: ModelConfig, q: Tensor, latent_keys: Tensor, topk_positions: Tensor) -> Tensor:
+def sparse_attention(
+    cfg: ModelConfig, q: Tensor, latent_keys: Tensor, topk_positions: Tensor
+) -> Tensor:
     """Absorbed MLA attention of each query over its selected keys, in logical order.
 
     Args:

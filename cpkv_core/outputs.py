@@ -99,7 +99,10 @@ def merge_rank_outputs(batch: BatchSpec, outputs: Sequence[RankBatchOutput]) -> 
     """
     first = outputs[0]
     for other in outputs[1:]:
-        if not (torch.equal(first.last_hidden, other.last_hidden) and torch.equal(first.logits, other.logits)):
+        if not (
+            torch.equal(first.last_hidden, other.last_hidden)
+            and torch.equal(first.logits, other.logits)
+        ):
             raise RuntimeError(
                 f"batch {batch.batch}: ranks {first.rank} and {other.rank} disagree on the "
                 "last-token outputs, indicates a bug in output collection"

@@ -55,7 +55,9 @@ class ExecutionPlan:
     @classmethod
     def baseline(cls, cp_mode: CpMode) -> ExecutionPlan:
         """Phase 0: the configured split, replicated KV, local reads, full gather."""
-        split = SplitStrategy.ZIGZAG if cp_mode is CpMode.IN_SEQ_SPLIT else SplitStrategy.ROUND_ROBIN
+        split = (
+            SplitStrategy.ZIGZAG if cp_mode is CpMode.IN_SEQ_SPLIT else SplitStrategy.ROUND_ROBIN
+        )
         return cls(
             split=split,
             kv_write=KvWriteStrategy.REPLICATED,

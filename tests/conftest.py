@@ -1,0 +1,37 @@
+"""Shared factories for the cpkv tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype
+from cpkv_core.trace import Trace, load_trace
+
+DATA = Path(__file__).parent / "data"
+MIXED_TRACE = DATA / "mixed.jsonl"
+"""Chunked prefill resuming mid-page, prefix hits, requests shorter than 2*cp_size,
+single-token extends, and a one-token batch that leaves most ranks empty."""
+
+
+def make_deploy(
+    cp_size: int = 2,
+    page_size: int = 4,
+    cp_mode: CpMode = CpMode.IN_SEQ_SPLIT,
+    index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
+) -> DeploymentConfig:
+    """A deployment with test-sized defaults."""
+    return DeploymentConfig(
+        cp_size=cp_size, cp_mode=cp_mode, page_size=page_size, index_k_dtype=index_k_dtype
+    )
+
+
+def mixed_trace(page_size: int) -> Trace:
+    """The mixed test trace, validated for ``page_size``."""
+    return load_trace(MIXED_TRACE, page_size)
+
+
+@pytest.fixture
+def mixed_trace_path() -> Path:
+    return MIXED_TRACE

@@ -1,0 +1,111 @@
+"""The CLI through typer's runner: exit codes, messages, and --json round trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cpkv.cli import app
+
+runner = CliRunner()
+
+
+def test_verify_json_round_trips(mixed_trace_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "verify",
+            str(mixed_trace_path),
+            "--cp-size",
+            "3",
+            "--page-size",
+            "4",
+            "--cp-mode",
+            "round-robin-split",
+            "--backend",
+            "local",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is True
+    assert doc["levels"] == [{"level": 0, "ok": True, "max_abs_diff": 0.0}]
+    assert [b["batch"] for b in doc["batches"]] == [0, 1, 2, 3]
+    assert all(b["topk_equal"] and len(b["kv_bytes_by_rank"]) == 3 for b in doc["batches"])
+
+
+@pytest.mark.gloo
+def test_verify_on_real_gloo_ranks(mixed_trace_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "verify",
+            str(mixed_trace_path),
+            "--cp-size",
+            "4",
+            "--page-size",
+            "16",
+            "--backend",
+            "gloo",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is True and doc["levels"][0]["max_abs_diff"] == 0.0
+    assert all(len(b["gathered_bytes_by_rank"]) == 4 for b in doc["batches"])
+
+
+def test_demo_runs_and_reports_a_verdict() -> None:
+    result = runner.invoke(app, ["demo", "--backend", "local", "--cp-size", "2"])
+    assert result.exit_code == 0, result.output
+    assert "OK: every batch equals the reference" in result.stdout
+
+
+def test_demo_json_round_trips() -> None:
+    result = runner.invoke(app, ["demo", "--backend", "local", "--cp-size", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ok"] is True
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        (
+            '{"batch": 0, "requests": [{"rid": "a", "prefix_len": -1, "extend_len": 4}]}',
+            "prefix_len",
+        ),
+        ('{"batch": 0, "requests": [{"rid": "a", "extend_len": 4}]}', "prefix_len"),
+        (
+            '{"batch": 0, "requests": [{"rid": "a", "prefix_len": 4, "extend_len": 4, '
+            '"prefix_from": "z"}]}',
+            "prefix_from",
+        ),
+    ],
+)
+def test_bad_trace_exits_2_naming_line_and_field(tmp_path: Path, line: str, words: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    result = runner.invoke(app, ["verify", str(path), "--backend", "local"])
+    assert result.exit_code == 2
+    assert "bad.jsonl:1" in result.stderr and words in result.stderr
+
+
+def test_bad_cp_size_exits_2(mixed_trace_path: Path) -> None:
+    result = runner.invoke(
+        app, ["verify", str(mixed_trace_path), "--cp-size", "0", "--backend", "local"]
+    )
+    assert result.exit_code == 2
+    assert "cp_size" in result.stderr
+
+
+def test_published_presets_are_for_planning_only(mixed_trace_path: Path) -> None:
+    result = runner.invoke(
+        app, ["verify", str(mixed_trace_path), "--model", "deepseek-v3.2", "--backend", "local"]
+    )
+    assert result.exit_code == 2
+    assert "planning only" in result.stderr

@@ -1,0 +1,273 @@
+"""Communication layer: LocalGroup collectives and byte counts, and a real gloo group through
+the spawn harness giving the same results and counts."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from cpkv_core import launch
+from cpkv_core.comm import (
+    CollectiveStats,
+    CommStats,
+    Communicator,
+    LocalGroup,
+    new_group_communicator,
+    run_local,
+)
+from cpkv_core.launch import ProgressEvent, report_progress, spawn_group
+
+# (name, dtype, shape): every entry is all-gathered under tag ``name`` by the grid worker.
+GRID: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...] = (
+    ("f32", torch.float32, (5, 3)),
+    ("bf16", torch.bfloat16, (4, 6)),
+    ("f16", torch.float16, (7,)),
+    ("i64", torch.int64, (2, 2, 2)),
+    ("u8", torch.uint8, (9,)),
+    ("bool", torch.bool, (3, 1)),
+    ("fp8", torch.float8_e4m3fn, (6, 4)),
+    ("scalar", torch.float32, ()),
+    ("empty", torch.float32, (0, 8)),
+)
+
+
+def _rank_input(rank: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Deterministic per-rank values, exactly representable in every grid dtype."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    values = (torch.arange(numel, dtype=torch.float32) * 0.5 + 2.0 * rank) % 8.0
+    if dtype == torch.bool:
+        return (values.to(torch.int64) % 2 == 1).reshape(shape)
+    return values.to(dtype).reshape(shape)
+
+
+def _expected_gather(world_size: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.stack([_rank_input(r, dtype, shape) for r in range(world_size)])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Bit-exact comparison form: float8 has no equality kernels everywhere."""
+    return t.view(torch.uint8) if t.dtype.itemsize == 1 and t.dtype.is_floating_point else t
+
+
+def _assert_same(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype
+    assert actual.shape == expected.shape
+    assert torch.equal(_bits(actual), _bits(expected))
+
+
+def _expected_stats(world_size: int) -> dict[str, dict[str, int]]:
+    stats = {}
+    for name, dtype, shape in GRID:
+        contributed = _rank_input(0, dtype, shape).numel() * dtype.itemsize
+        stats[name] = {
+            "calls": 1,
+            "bytes_contributed": contributed,
+            "bytes_gathered": world_size * contributed,
+        }
+    return stats
+
+
+def grid_worker(comm: Communicator) -> dict[str, Any]:
+    """All-gathers every GRID entry, then a barrier and an uncounted object gather."""
+    gathered = {
+        name: comm.all_gather(_rank_input(comm.rank, dtype, shape), tag=name)
+        for name, dtype, shape in GRID
+    }
+    comm.barrier()
+    objects = comm.gather_objects({"rank": comm.rank})
+    return {"gathered": gathered, "stats": comm.stats.as_dict(), "objects": objects}
+
+
+def spawn_grid_worker(comm: Communicator) -> dict[str, Any]:
+    """grid_worker on the default group, then on the subgroup holding only the last rank."""
+    result = grid_worker(comm)
+    report_progress(("grid done", comm.rank))
+    sub = new_group_communicator([comm.world_size - 1])
+    if sub is None:
+        result["sub"] = None
+    else:
+        result["sub"] = {
+            "rank": sub.rank,
+            "world_size": sub.world_size,
+            "gathered": sub.all_gather(_rank_input(7, torch.float8_e4m3fn, (2, 3)), "sub"),
+            "stats": sub.stats.as_dict(),
+            "objects": sub.gather_objects("from-sub"),
+        }
+    return result
+
+
+def failing_worker(comm: Communicator) -> None:
+    """Rank 1 raises while rank 0 waits for it in an all-gather."""
+    if comm.rank == 1:
+        raise ValueError("rank one breaks on purpose")
+    comm.all_gather(torch.zeros(4), tag="never")
+
+
+def _check_grid_results(results: list[dict[str, Any]], world_size: int) -> None:
+    assert len(results) == world_size
+    for rank, result in enumerate(results):
+        for name, dtype, shape in GRID:
+            _assert_same(result["gathered"][name], _expected_gather(world_size, dtype, shape))
+        assert result["stats"] == _expected_stats(world_size)
+        expected_objects = [{"rank": r} for r in range(world_size)] if rank == 0 else None
+        assert result["objects"] == expected_objects
+
+
+# ---------------------------------------------------------------------------- CommStats
+
+
+def test_stats_accumulate_per_tag_and_reset() -> None:
+    stats = CommStats()
+    stats.record("kv", contributed=10, gathered=40)
+    stats.record("kv", contributed=5, gathered=20)
+    stats.record("hidden", contributed=1, gathered=4)
+    assert stats.by_tag["kv"] == CollectiveStats(calls=2, bytes_contributed=15, bytes_gathered=60)
+    assert stats.total_gathered() == 64
+    assert stats.total_contributed() == 16
+    assert stats.as_dict()["hidden"] == {"calls": 1, "bytes_contributed": 1, "bytes_gathered": 4}
+    stats.reset()
+    assert stats.as_dict() == {}
+    assert stats.total_gathered() == 0
+
+
+# ---------------------------------------------------------------------------- LocalGroup
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_local_all_gather_stacks_in_rank_order_and_counts_bytes(world_size: int) -> None:
+    _check_grid_results(run_local(world_size, grid_worker), world_size)
+
+
+def test_local_all_gather_counts_exact_bytes() -> None:
+    def fn(comm: Communicator) -> dict[str, dict[str, int]]:
+        comm.all_gather(torch.zeros(10, 576, dtype=torch.bfloat16), tag="kv")
+        comm.all_gather(torch.zeros(10, 128, dtype=torch.float8_e4m3fn), tag="index_k")
+        comm.all_gather(torch.zeros(10, 576, dtype=torch.bfloat16), tag="kv")
+        return comm.stats.as_dict()
+
+    for stats in run_local(4, fn):
+        assert stats == {
+            "kv": {"calls": 2, "bytes_contributed": 2 * 11520, "bytes_gathered": 2 * 46080},
+            "index_k": {"calls": 1, "bytes_contributed": 1280, "bytes_gathered": 5120},
+        }
+
+
+def test_local_gather_objects_are_not_counted() -> None:
+    def fn(comm: Communicator) -> tuple[list[object] | None, int]:
+        return comm.gather_objects(comm.rank * 10), comm.stats.total_gathered()
+
+    results = run_local(3, fn)
+    assert results == [([0, 10, 20], 0), (None, 0), (None, 0)]
+
+
+def test_local_all_gather_returns_a_new_tensor() -> None:
+    def fn(comm: Communicator) -> bool:
+        local = torch.ones(3)
+        out = comm.all_gather(local, tag="x")
+        out.zero_()
+        return bool(local.eq(1).all())
+
+    assert run_local(2, fn) == [True, True]
+
+
+def test_local_rank_exception_surfaces_without_hanging() -> None:
+    start = time.monotonic()
+    with pytest.raises(
+        RuntimeError, match="local rank 1 failed: ValueError: rank one breaks"
+    ) as info:
+        run_local(3, failing_worker, timeout_s=30.0)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert time.monotonic() - start < 10.0
+
+
+def test_local_rejects_mismatched_shapes() -> None:
+    def fn(comm: Communicator) -> torch.Tensor:
+        return comm.all_gather(torch.zeros(comm.rank + 1), tag="ragged")
+
+    with pytest.raises(RuntimeError, match="same shape and dtype on every rank"):
+        run_local(2, fn, timeout_s=30.0)
+
+
+def test_local_group_abort_releases_waiting_ranks() -> None:
+    group = LocalGroup(2, timeout_s=30.0)
+    comm0 = group.communicators()[0]
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            comm0.barrier()
+        except threading.BrokenBarrierError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    group.abort()
+    t.join(timeout=10.0)
+    assert not t.is_alive()
+    assert len(errors) == 1
+
+
+# ---------------------------------------------------------------------------- spawn harness
+
+
+class _FakeProc:
+    def __init__(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+
+
+def test_collect_times_out_naming_missing_ranks() -> None:
+    procs: list[Any] = [_FakeProc(None), _FakeProc(None)]
+    empty: queue.Queue[Any] = queue.Queue()
+    with pytest.raises(
+        RuntimeError, match=r"timed out after 0.2 s; ranks without a result: \[0, 1\]"
+    ):
+        launch._collect(empty, procs, timeout_s=0.2, on_progress=None)
+
+
+def test_collect_reports_rank_that_died_without_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "_EXIT_GRACE_S", 0.1)
+    procs: list[Any] = [_FakeProc(None), _FakeProc(-9)]
+    results: queue.Queue[Any] = queue.Queue()
+    with pytest.raises(RuntimeError, match="rank 1 exited with code -9 before reporting"):
+        launch._collect(results, procs, timeout_s=30.0, on_progress=None)
+
+
+def test_report_progress_is_a_noop_outside_spawned_ranks() -> None:
+    report_progress("nobody listens")
+
+
+@pytest.mark.gloo
+def test_gloo_group_matches_local_group_results_and_bytes() -> None:
+    events: list[object] = []
+    start = time.monotonic()
+    results = spawn_group(2, spawn_grid_worker, timeout_s=120.0, on_progress=events.append)
+    elapsed = time.monotonic() - start
+    _check_grid_results(results, 2)
+    local = run_local(2, grid_worker)
+    for spawned, in_process in zip(results, local, strict=True):
+        assert spawned["stats"] == in_process["stats"]
+        for name, _, _ in GRID:
+            _assert_same(spawned["gathered"][name], in_process["gathered"][name])
+    assert sorted(e.rank for e in events if isinstance(e, ProgressEvent)) == [0, 1]
+    assert results[0]["sub"] is None
+    sub = results[1]["sub"]
+    assert (sub["rank"], sub["world_size"]) == (0, 1)
+    _assert_same(sub["gathered"], _rank_input(7, torch.float8_e4m3fn, (2, 3)).unsqueeze(0))
+    assert sub["stats"] == {"sub": {"calls": 1, "bytes_contributed": 6, "bytes_gathered": 6}}
+    assert sub["objects"] == ["from-sub"]
+    assert elapsed < 60.0, f"two-rank gloo spawn took {elapsed:.1f} s"
+
+
+@pytest.mark.gloo
+def test_gloo_failing_rank_is_named_and_does_not_hang() -> None:
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank 1 failed:\n(.|\n)*ValueError: rank one breaks"):
+        spawn_group(2, failing_worker, timeout_s=60.0)
+    assert time.monotonic() - start < 30.0

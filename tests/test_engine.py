@@ -1,0 +1,91 @@
+"""CP phase 0 against the non-CP reference: every batch, every layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpkv.runner import Backend
+from cpkv.verify import verify_levels
+from cpkv_core import engine as engine_mod
+from cpkv_core.batch import BatchSpec
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
+from cpkv_core.plan import ExecutionPlan, KvReadStrategy
+from cpkv_core.trace import parse_trace_text
+from tests.conftest import make_deploy, mixed_trace
+
+TINY = model_preset("tiny")
+
+
+def baseline(
+    batches: tuple[BatchSpec, ...], deploy: DeploymentConfig
+) -> dict[int, tuple[ExecutionPlan, ...]]:
+    return {0: tuple(ExecutionPlan.baseline(deploy.cp_mode) for _ in batches)}
+
+
+@pytest.mark.parametrize("cp_mode", list(CpMode))
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("cp_size", [1, 2, 3, 4])
+def test_phase0_matches_reference_bitwise(cp_size: int, page_size: int, cp_mode: CpMode) -> None:
+    deploy = make_deploy(cp_size, page_size, cp_mode)
+    batches = mixed_trace(page_size).batches
+    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
+    rows = report.levels[0].rows
+    assert [r.comparison.topk_mismatches for r in rows] == [0] * len(batches)
+    assert [r.comparison.max_abs_diff for r in rows] == [0.0] * len(batches)
+    assert report.ok
+
+
+def test_phase0_matches_reference_with_fp32_index_keys() -> None:
+    deploy = make_deploy(3, 4, CpMode.ROUND_ROBIN_SPLIT, IndexKDtype.FP32)
+    batches = mixed_trace(4).batches
+    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
+    assert report.ok
+    assert report.levels[0].max_abs_diff == 0.0
+
+
+def test_topk_is_selective_on_long_requests() -> None:
+    """The indexer really chooses: a query with more causal keys than index_topk drops some."""
+    deploy = make_deploy(2, 4)
+    text = '{"batch": 0, "requests": [{"rid": "a", "prefix_len": 0, "extend_len": 64}]}'
+    batches = parse_trace_text(text, 4).batches
+    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
+    assert report.ok
+    from cpkv.runner import RankJob, run_reference
+
+    job = RankJob(TINY, deploy, batches, (), num_pages=32)
+    topk = run_reference(job)[0].requests[0].topk  # [layers, 64, topk]
+    last = topk[0, -1]
+    assert (last >= 0).all() and last.tolist() != list(range(TINY.index_topk))
+    assert torch.equal(topk[0, 0], torch.tensor([0] + [-1] * (TINY.index_topk - 1)))
+
+
+def test_verify_detects_a_stale_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read strategy that misses a request's newest key must fail verification."""
+    original = engine_mod.READERS[KvReadStrategy.LOCAL_POOL]
+
+    def read_with_stale_key(engine, layer, proj, layout):  # type: ignore[no-untyped-def]
+        for req in layout.requests:
+            req.key_locs[-1] = req.key_locs[0]
+        return original(engine, layer, proj, layout)
+
+    monkeypatch.setitem(engine_mod.READERS, KvReadStrategy.LOCAL_POOL, read_with_stale_key)
+    deploy = make_deploy(2, 4)
+    batches = mixed_trace(4).batches
+    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
+    assert not report.ok
+    assert report.levels[0].max_abs_diff > 0.0
+
+
+def test_gathered_bytes_count_current_kv_and_tail_exactly() -> None:
+    deploy = make_deploy(4, 4)
+    batches = mixed_trace(4).batches
+    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
+    first = report.levels[0].rows[0]
+    # Batch 0: a=37, b=3, c=1 tokens; zigzag over 8 blocks gives ranks 6/6/... tokens.
+    from cpkv_core.split import build_zigzag_split
+
+    max_local = build_zigzag_split((37, 3, 1), 4).max_local
+    per_token = TINY.kv_dim * 4 + TINY.index_head_dim * 1 + 4  # latent fp32, fp8 k, fp32 scale
+    expected = 4 * max_local * (per_token * TINY.num_layers + TINY.hidden_size * 4)
+    assert first.gathered_bytes_by_rank == (expected,) * 4

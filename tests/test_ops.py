@@ -1,0 +1,60 @@
+"""Batch invariance of the model math: a row's result never depends on its neighbours."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cpkv_core.config import IndexKDtype, model_preset
+from cpkv_core.model import NO_KEY, init_weights, project, select_topk
+from cpkv_core.ops import linear, rms_norm
+
+TINY = model_preset("tiny")
+WEIGHTS = init_weights(TINY)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 200), start=st.integers(0, 199), seed=st.integers(0, 2**16))
+def test_linear_rows_do_not_depend_on_batch(n: int, start: int, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 64, generator=gen)
+    w = torch.randn(64, 48, generator=gen)
+    row = start % n
+    assert torch.equal(linear(x, w)[row], linear(x[row : row + 1], w)[0])
+    assert torch.equal(rms_norm(x, w[:, 0])[row], rms_norm(x[row : row + 1], w[:, 0])[0])
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 64), seed=st.integers(0, 2**16))
+def test_projections_do_not_depend_on_batch(n: int, seed: int) -> None:
+    hidden = torch.randn(n, TINY.hidden_size, generator=torch.Generator().manual_seed(seed))
+    full = project(TINY, WEIGHTS.layers[0], hidden, IndexKDtype.FP8_E4M3)
+    one = project(TINY, WEIGHTS.layers[0], hidden[-1:], IndexKDtype.FP8_E4M3)
+    for name in (
+        "latent",
+        "q",
+        "index_q",
+        "index_q_scale",
+        "index_weights",
+        "index_k",
+        "index_k_scale",
+    ):
+        a, b = getattr(full, name)[-1:], getattr(one, name)
+        assert torch.equal(
+            a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+            b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b,
+        ), name
+
+
+def test_topk_ties_break_by_logical_position() -> None:
+    scores = torch.zeros(1, 10, dtype=torch.float64)
+    scores[0, 7] = 1.0
+    chosen = select_topk(scores, torch.tensor([9]), topk=4)
+    assert chosen.tolist() == [[0, 1, 2, 7]]
+
+
+def test_topk_pads_with_no_key_when_few_keys_are_visible() -> None:
+    scores = torch.arange(6, dtype=torch.float64)[None, :].repeat(2, 1)
+    chosen = select_topk(scores, torch.tensor([1, 5]), topk=4)
+    assert chosen.tolist() == [[0, 1, NO_KEY, NO_KEY], [2, 3, 4, 5]]
