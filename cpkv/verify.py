@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.outputs import OUTPUT_ATOL, BatchComparison, BatchOutput, compare_batch
 from cpkv_core.plan import ExecutionPlan
+from phases.gate import BatchPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +28,13 @@ class BatchRow:
 
     level: int
     batch: int
+    phase: int
+    """The phase the gate chose for the batch at this level."""
+    plan: ExecutionPlan
     tokens: int
     gathered_bytes_by_rank: tuple[int, ...]
+    gathered_bytes_by_tag: dict[str, int]
+    """Rank 0's gathered bytes per collective tag."""
     kv_bytes_by_rank: tuple[int, ...]
     comparison: BatchComparison
 
@@ -75,12 +81,20 @@ class VerifyReport:
                 {
                     "level": row.level,
                     "batch": row.batch,
+                    "phase": row.phase,
+                    "plan": {
+                        "split": str(row.plan.split),
+                        "kv_write": str(row.plan.kv_write),
+                        "kv_read": str(row.plan.kv_read),
+                        "output": str(row.plan.output),
+                    },
                     "ok": row.comparison.ok,
                     "tokens": row.tokens,
                     "max_abs_diff": row.comparison.max_abs_diff,
                     "topk_equal": row.comparison.topk_equal,
                     "topk_mismatches": row.comparison.topk_mismatches,
                     "gathered_bytes_by_rank": list(row.gathered_bytes_by_rank),
+                    "gathered_bytes_by_tag": dict(row.gathered_bytes_by_tag),
                     "kv_bytes_by_rank": list(row.kv_bytes_by_rank),
                 }
                 for lv in self.levels
@@ -90,18 +104,25 @@ class VerifyReport:
 
 
 def _level_report(
-    level: int, job: RankJob, run: LevelRun, reference: list[BatchOutput]
+    level: int,
+    plans: Sequence[BatchPlan],
+    job: RankJob,
+    run: LevelRun,
+    reference: list[BatchOutput],
 ) -> LevelReport:
     rows = []
-    for batch, ref, got, pieces in zip(
-        job.batches, reference, run.outputs, run.rank_outputs, strict=True
+    for batch, plan, ref, got, pieces in zip(
+        job.batches, plans, reference, run.outputs, run.rank_outputs, strict=True
     ):
         rows.append(
             BatchRow(
                 level=level,
                 batch=batch.batch,
+                phase=plan.phase,
+                plan=plan.plan,
                 tokens=batch.num_tokens,
                 gathered_bytes_by_rank=tuple(sum(p.gathered_bytes.values()) for p in pieces),
+                gathered_bytes_by_tag=pieces[0].gathered_bytes,
                 kv_bytes_by_rank=tuple(p.kv_bytes for p in pieces),
                 comparison=compare_batch(ref, got),
             )
@@ -113,21 +134,25 @@ def verify_levels(
     model: ModelConfig,
     deploy: DeploymentConfig,
     batches: tuple[BatchSpec, ...],
-    levels: Mapping[int, tuple[ExecutionPlan, ...]],
+    levels: Mapping[int, Sequence[BatchPlan]],
     backend: Backend,
     on_progress: Callable[[BatchProgress], None] | None = None,
 ) -> VerifyReport:
-    """Runs ``batches`` once per level (one plan per batch) in one group, compares each run."""
+    """Runs ``batches`` once per level (the gate's plan per batch) in one group, and compares
+    every run with the reference."""
     ordered = sorted(levels)
     job = RankJob(
         model=model,
         deploy=deploy,
         batches=batches,
-        plans_by_level=tuple(levels[lv] for lv in ordered),
+        plans_by_level=tuple(tuple(p.plan for p in levels[lv]) for lv in ordered),
         num_pages=num_pages_for(batches, deploy.page_size),
     )
     reference = run_reference(job)
     runs = run_levels(job, backend, on_progress)
     return VerifyReport(
-        tuple(_level_report(lv, job, run, reference) for lv, run in zip(ordered, runs, strict=True))
+        tuple(
+            _level_report(lv, levels[lv], job, run, reference)
+            for lv, run in zip(ordered, runs, strict=True)
+        )
     )

@@ -25,6 +25,26 @@ class IndexKDtype(StrEnum):
     """Plain fp32 keys; the per-token scale is stored as 1.0."""
 
 
+class DisaggregationMode(StrEnum):
+    """The server's role in prefill/decode disaggregation (SGLang's ``--disaggregation-mode``)."""
+
+    NULL = "null"
+    """No PD: one server prefills and decodes."""
+    PREFILL = "prefill"
+    """A prefill server that sends finished KV to a decode server."""
+    DECODE = "decode"
+    """A decode server that receives KV from prefill servers."""
+
+
+class TransferBackend(StrEnum):
+    """PD KV transfer engine (SGLang's ``--disaggregation-transfer-backend``)."""
+
+    MOONCAKE = "mooncake"
+    NIXL = "nixl"
+    ASCEND = "ascend"
+    FAKE = "fake"
+
+
 class ModelConfig(BaseModel):
     """Dimensions of a sparse-attention MLA model (MLA latent KV plus an NSA/DSA indexer).
 
@@ -128,3 +148,16 @@ class DeploymentConfig(BaseModel):
     """Tokens per KV page (64 for NSA models)."""
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3
     """Storage dtype of the indexer key cache."""
+    disaggregation_mode: DisaggregationMode = DisaggregationMode.NULL
+    """This server's PD role; ``null`` when prefill and decode share a server."""
+    transfer_backend: TransferBackend = TransferBackend.MOONCAKE
+    """PD transfer engine; only used when ``disaggregation_mode`` is not ``null``."""
+    decode_cp_size: int = Field(default=1, ge=1)
+    """CP size of the decode server that receives this prefill server's KV; 1 means no CP."""
+
+    @property
+    def pd_backend(self) -> TransferBackend | None:
+        """The transfer engine in use, or None without PD."""
+        if self.disaggregation_mode is DisaggregationMode.NULL:
+            return None
+        return self.transfer_backend

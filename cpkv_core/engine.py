@@ -9,16 +9,16 @@ collects hidden states and every rank computes the last-token outputs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from cpkv_core.allocator import PageAllocator
-from cpkv_core.batch import BatchSpec
+from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.comm import Communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.kv_pool import KVRows, ReplicatedKVPool
+from cpkv_core.layout import BatchLayout, build_layout
 from cpkv_core.model import (
     ModelWeights,
     Projections,
@@ -50,29 +50,6 @@ SPLIT_BUILDERS: dict[SplitStrategy, Callable[[tuple[int, ...], int], SplitMetada
 }
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRows:
-    """Where one request's tokens sit on this rank."""
-
-    local_rows: Tensor  # [m] rows of this rank's local tokens that belong to the request
-    positions: Tensor  # [m] their logical positions
-    key_locs: Tensor  # [seq_len] logical locs of positions 0..seq_len-1 (req_to_token)
-
-
-@dataclass(frozen=True, slots=True)
-class BatchLayout:
-    """Host-built metadata of one batch on one rank; made once, before any tensor work."""
-
-    split: SplitMetadata
-    local_token_indices: Tensor  # [n_local] batch-global token index g of each local row
-    local_token_ids: Tensor  # [n_local]
-    local_positions: Tensor  # [n_local]
-    current_locs: Tensor  # [num_tokens] logical loc of batch token g
-    gather_index: Tensor  # [num_tokens] row of token g in the padded all-gather stack
-    last_token_indices: Tensor  # [bs] batch-global index of each request's last token
-    requests: tuple[RequestRows, ...]  # only requests with tokens on this rank
-
-
 class CPEngine:
     """One CP rank: its allocator, its KV pool and the plan executor.
 
@@ -101,41 +78,14 @@ class CPEngine:
 
     def prepare(self, batch: BatchSpec, plan: ExecutionPlan) -> BatchLayout:
         """Allocates the batch's pages and builds its host-side metadata for this rank."""
-        rank = self.comm.rank
         split = SPLIT_BUILDERS[plan.split](batch.extend_lens, self.deploy.cp_size)
-        token_ids: list[int] = []
-        positions: list[int] = []
-        current_locs: list[int] = []
-        request_of_token: list[int] = []
-        for index, req in enumerate(batch.requests):
-            self.allocator.allocate(req)
-            token_ids += self.ledger.extend(req, self.cfg.vocab_size)
-            positions += range(req.prefix_len, req.seq_len)
-            current_locs += self.allocator.locs(req.rid, req.prefix_len, req.seq_len)
-            request_of_token += [index] * req.extend_len
-        local = split.local_token_indices[rank]
-        rows_of_request: dict[int, list[int]] = {}
-        for row, g in enumerate(local):
-            rows_of_request.setdefault(request_of_token[g], []).append(row)
-        requests = tuple(
-            RequestRows(
-                local_rows=torch.tensor(rows),
-                positions=torch.tensor([positions[local[row]] for row in rows]),
-                key_locs=torch.tensor(self.allocator.req_to_token(batch.requests[index].rid)),
-            )
-            for index, rows in sorted(rows_of_request.items())
-        )
-        ends = torch.tensor(batch.extend_lens).cumsum(0)
-        return BatchLayout(
-            split=split,
-            local_token_indices=torch.tensor(local, dtype=torch.int64),
-            local_token_ids=torch.tensor([token_ids[g] for g in local], dtype=torch.int64),
-            local_positions=torch.tensor([positions[g] for g in local], dtype=torch.int64),
-            current_locs=torch.tensor(current_locs, dtype=torch.int64),
-            gather_index=torch.tensor(split.gather_index(), dtype=torch.int64),
-            last_token_indices=ends - 1,
-            requests=requests,
-        )
+        tokens = [self._admit(req) for req in batch.requests]
+        return build_layout(batch, split, self.comm.rank, tokens, self.allocator)
+
+    def _admit(self, req: RequestSpec) -> list[int]:
+        """Allocates ``req``'s current tokens and returns their token ids."""
+        self.allocator.allocate(req)
+        return self.ledger.extend(req, self.cfg.vocab_size)
 
     def run_batch(self, batch: BatchSpec, plan: ExecutionPlan) -> RankBatchOutput:
         """Runs one batch on this rank; every rank of the group must call it together."""
@@ -232,6 +182,21 @@ def collect_full_gather(engine: CPEngine, hidden: Tensor, layout: BatchLayout) -
     return full[layout.last_token_indices]
 
 
+def collect_narrow_last_token(engine: CPEngine, hidden: Tensor, layout: BatchLayout) -> Tensor:
+    """Phase 1: each rank contributes ``[bs, hidden]`` holding the last-token states it
+    computed (zeros elsewhere); after the gather each request's row comes from its last
+    token's rank.
+
+    Returns:
+        ``[bs, hidden]`` last-token hidden states, identical on every rank.
+    """
+    bs = layout.last_token_ranks.shape[0]
+    contribution = hidden.new_zeros(bs, hidden.shape[1])
+    contribution[layout.local_last_requests] = hidden[layout.local_last_rows]
+    gathered = engine.comm.all_gather(contribution, "tail_hidden")  # [cp_size, bs, hidden]
+    return gathered[layout.last_token_ranks, torch.arange(bs)]
+
+
 WRITERS: dict[KvWriteStrategy, Callable[[CPEngine, int, BatchLayout, KVRows], None]] = {
     KvWriteStrategy.REPLICATED: write_replicated,
 }
@@ -242,4 +207,5 @@ READERS: dict[
 }
 COLLECTORS: dict[OutputStrategy, Callable[[CPEngine, Tensor, BatchLayout], Tensor]] = {
     OutputStrategy.FULL_GATHER: collect_full_gather,
+    OutputStrategy.NARROW_LAST_TOKEN: collect_narrow_last_token,
 }

@@ -41,6 +41,8 @@ class OutputStrategy(StrEnum):
 
     FULL_GATHER = "full-gather"
     """All-gather every current token's hidden state (``num_tokens x hidden``)."""
+    NARROW_LAST_TOKEN = "narrow-last-token"
+    """Each rank contributes the last-token states it computed (``cp_size x bs x hidden``)."""
 
 
 @dataclass(frozen=True, slots=True)

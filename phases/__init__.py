@@ -1,3 +1,25 @@
-"""Phases, the "when" layer: per-phase contracts and the runtime gate (none registered yet)."""
+"""Phases, the "when" layer: per-phase contracts and the runtime gate; entry point ``Gate``."""
 
-__all__: list[str] = []
+from phases.base import Phase, check_startup
+from phases.gate import BatchPlan, Gate, PhaseDecision, level_plans, levels_of, startup_problems
+from phases.ids import PHASE_NEEDS, PhaseId, closure_of_needs, parse_phase_list
+from phases.reasons import Reason, ReasonCode
+from phases.registry import REGISTERED_PHASES
+
+__all__ = [
+    "PHASE_NEEDS",
+    "REGISTERED_PHASES",
+    "BatchPlan",
+    "Gate",
+    "Phase",
+    "PhaseDecision",
+    "PhaseId",
+    "Reason",
+    "ReasonCode",
+    "check_startup",
+    "closure_of_needs",
+    "level_plans",
+    "levels_of",
+    "parse_phase_list",
+    "startup_problems",
+]

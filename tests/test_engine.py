@@ -10,7 +10,8 @@ from cpkv.verify import verify_levels
 from cpkv_core import engine as engine_mod
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
-from cpkv_core.plan import ExecutionPlan, KvReadStrategy
+from cpkv_core.plan import KvReadStrategy
+from phases.gate import BatchPlan, level_plans
 from cpkv_core.trace import parse_trace_text
 from tests.conftest import make_deploy, mixed_trace
 
@@ -19,8 +20,8 @@ TINY = model_preset("tiny")
 
 def baseline(
     batches: tuple[BatchSpec, ...], deploy: DeploymentConfig
-) -> dict[int, tuple[ExecutionPlan, ...]]:
-    return {0: tuple(ExecutionPlan.baseline(deploy.cp_mode) for _ in batches)}
+) -> dict[int, tuple[BatchPlan, ...]]:
+    return {0: level_plans(0, frozenset(), deploy, batches)}
 
 
 @pytest.mark.parametrize("cp_mode", list(CpMode))

@@ -1,0 +1,46 @@
+"""Stable reason codes for why a phase is not active, and the reasons that carry them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ReasonCode(StrEnum):
+    """Why a phase is inactive. Codes are stable: scripts match on them."""
+
+    DISABLED = "DISABLED"
+    """The phase is not in the enabled set."""
+    NEEDS_INACTIVE = "NEEDS_INACTIVE"
+    """A phase it needs is not active for this batch."""
+    STARTUP_CONTRACT = "STARTUP_CONTRACT"
+    """Its start-up contract does not hold for this deployment."""
+    CEILING = "CEILING"
+    """Above the kill-switch ceiling (``CPKV_MAX_PHASE``)."""
+    SPEC_DECODE = "SPEC_DECODE"
+    """Phase 1: speculative decoding needs every hidden state."""
+    RETURN_LOGPROB = "RETURN_LOGPROB"
+    """Phase 1: a request returns logprobs of every token."""
+    CAPTURE_HIDDEN = "CAPTURE_HIDDEN"
+    """Phase 1: a request captures every hidden state."""
+    HAS_HISTORY = "HAS_HISTORY"
+    """Phase 3: a request already has KV in the cache."""
+    SHORT_REQUEST = "SHORT_REQUEST"
+    """Phase 4: a request spans fewer than 2*cp_size pages."""
+    NOT_PAGE_ALIGNED = "NOT_PAGE_ALIGNED"
+    """Phase 5: the batch's split is not page-aligned."""
+    UNAVAILABLE = "UNAVAILABLE"
+    """Enabled, but this build has no mechanics for the phase yet."""
+    OWNER_MISMATCH = "OWNER_MISMATCH"
+    """Phase 5: a page the batch writes is owned by another rank than its compute owner."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """A reason code and the values that decided it, e.g. ``SHORT_REQUEST rid=b pages=2 need=6``."""
+
+    code: ReasonCode
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.code} {self.detail}" if self.detail else str(self.code)

@@ -1,0 +1,132 @@
+"""The gate: needs respected, highest active phase chosen, every inactive phase explained."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ConfigDict
+
+from cpkv_core.batch import BatchSpec, RequestSpec
+from cpkv_core.config import CpMode, DeploymentConfig
+from cpkv_core.plan import ExecutionPlan, OutputStrategy
+from phases.gate import Gate, level_plans, levels_of
+from phases.ids import PHASE_NEEDS, PhaseId, closure_of_needs, parse_phase_list
+from phases.reasons import Reason, ReasonCode
+
+DEPLOY = DeploymentConfig(cp_size=4, page_size=4)
+
+
+class AnyDeployment(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+@dataclasses.dataclass
+class FakePhase:
+    """A phase whose batch contract refuses batches whose number is in ``refuse``."""
+
+    id: PhaseId
+    refuse: frozenset[int]
+    needs: tuple[PhaseId, ...] = ()
+    startup_contract: type[BaseModel] = AnyDeployment
+    summary: str = "fake"
+
+    def __post_init__(self) -> None:
+        self.needs = PHASE_NEEDS[self.id]
+
+    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
+        return [Reason(ReasonCode.HAS_HISTORY, "fake")] if batch.batch in self.refuse else []
+
+    def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:
+        return plan
+
+
+def make_batch(batch: int = 0, **request: object) -> BatchSpec:
+    fields: dict[str, object] = {"rid": "a", "prefix_len": 0, "extend_len": 16} | request
+    return BatchSpec(batch, (RequestSpec(**fields),))  # type: ignore[arg-type]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    enabled=st.frozensets(st.sampled_from(list(PhaseId))),
+    refusals=st.lists(st.frozensets(st.integers(0, 3)), min_size=5, max_size=5),
+    ceiling=st.none() | st.integers(0, 5),
+    batch=st.integers(0, 3),
+)
+def test_gate_respects_needs_and_picks_the_highest_active(
+    enabled: frozenset[PhaseId], refusals: list[frozenset[int]], ceiling: int | None, batch: int
+) -> None:
+    registry = {pid: FakePhase(pid, refusals[pid - 1]) for pid in PhaseId}
+    plan = Gate(enabled, DEPLOY, ceiling, registry).plan(make_batch(batch))
+    active = {d.phase for d in plan.decisions if d.active}
+    assert [d.phase for d in plan.decisions] == list(PhaseId)
+    for decision in plan.decisions:
+        if decision.active:
+            assert decision.reasons == ()
+            assert set(closure_of_needs(decision.phase)) <= active
+            assert decision.phase in enabled
+            assert ceiling is None or decision.phase <= ceiling
+        else:
+            assert decision.reasons, f"phase {decision.phase} inactive without a reason"
+    assert plan.phase == max(active, default=0)
+
+
+def test_every_reason_is_collected_not_the_first() -> None:
+    batch = BatchSpec(
+        0,
+        (
+            RequestSpec("a", 0, 8, return_logprob=True),
+            RequestSpec("b", 0, 8, return_logprob=True, capture_hidden=True),
+        ),
+        spec="EAGLE",
+    )
+    decision = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY).plan(batch).decisions[0]
+    assert not decision.active
+    assert decision.reasons == (
+        "SPEC_DECODE spec=EAGLE",
+        "RETURN_LOGPROB rid=a",
+        "RETURN_LOGPROB rid=b",
+        "CAPTURE_HIDDEN rid=b",
+    )
+
+
+def test_allows_narrow_output_for_a_plain_batch() -> None:
+    plan = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY).plan(make_batch())
+    assert plan.phase == 1
+    assert plan.plan.output is OutputStrategy.NARROW_LAST_TOKEN
+
+
+def test_disabled_phase_keeps_the_full_gather() -> None:
+    plan = Gate(frozenset(), DEPLOY).plan(make_batch())
+    assert plan.phase == 0
+    assert plan.plan == ExecutionPlan.baseline(CpMode.IN_SEQ_SPLIT)
+    assert plan.decisions[0].reasons == ("DISABLED",)
+
+
+def test_ceiling_is_a_kill_switch() -> None:
+    plan = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY, ceiling=0).plan(make_batch())
+    assert plan.phase == 0
+    assert plan.decisions[0].reasons == ("CEILING max_phase=0",)
+
+
+def test_levels_cover_zero_to_the_highest_enabled_phase() -> None:
+    assert levels_of(frozenset()) == (0,)
+    assert levels_of(frozenset({PhaseId.NARROW_OUTPUT})) == (0, 1)
+    batches = [make_batch(0), make_batch(1, return_logprob=True)]
+    enabled = frozenset({PhaseId.NARROW_OUTPUT})
+    assert [p.phase for p in level_plans(0, enabled, DEPLOY, batches)] == [0, 0]
+    assert [p.phase for p in level_plans(1, enabled, DEPLOY, batches)] == [1, 0]
+
+
+def test_parses_phase_lists() -> None:
+    assert parse_phase_list("all") == frozenset(PhaseId)
+    assert parse_phase_list("1,3") == {PhaseId.NARROW_OUTPUT, PhaseId.CURRENT_REUSE}
+    assert parse_phase_list("none") == frozenset()
+
+
+def test_needs_close_transitively() -> None:
+    assert closure_of_needs(PhaseId.COMPUTE_OWNER_WRITE) == (
+        PhaseId.SHARDED_KV,
+        PhaseId.PAGE_ALIGNED_SPLIT,
+    )

@@ -1,0 +1,43 @@
+"""Phase 1: narrow output equals the full gather's last-token rows, and moves exactly
+``cp_size x bs x hidden`` at the tail."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpkv.runner import Backend
+from cpkv.verify import verify_levels
+from cpkv_core.config import CpMode, model_preset
+from cpkv_core.plan import OutputStrategy
+from cpkv_core.split import build_split
+from cpkv_core.trace import load_trace
+from phases.gate import level_plans
+from phases.ids import PhaseId
+from tests.conftest import DATA, make_deploy
+
+TINY = model_preset("tiny")
+NARROW = frozenset({PhaseId.NARROW_OUTPUT})
+
+
+@pytest.mark.parametrize("cp_mode", list(CpMode))
+@pytest.mark.parametrize("cp_size", [1, 2, 3, 4])
+def test_narrow_output_matches_reference_and_counts_tail_bytes(
+    cp_size: int, cp_mode: CpMode
+) -> None:
+    deploy = make_deploy(cp_size, 4, cp_mode)
+    batches = load_trace(DATA / "narrow.jsonl", 4).batches
+    levels = {lv: level_plans(lv, NARROW, deploy, batches) for lv in (0, 1)}
+    report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL)
+    assert report.ok
+    assert report.levels[1].max_abs_diff == 0.0
+    for row, batch in zip(report.levels[1].rows, batches, strict=True):
+        hidden_bytes = TINY.hidden_size * 4
+        if row.phase == 1:
+            assert row.plan.output is OutputStrategy.NARROW_LAST_TOKEN
+            expected = cp_size * len(batch.requests) * hidden_bytes
+        else:
+            max_local = build_split(batch.extend_lens, cp_size, cp_mode).max_local
+            expected = cp_size * max_local * hidden_bytes
+        assert row.gathered_bytes_by_tag["tail_hidden"] == expected
+    # Batch 1 speculates, batch 2 asks for logprobs and hidden states: both keep the full gather.
+    assert [row.phase for row in report.levels[1].rows] == [1, 0, 0, 1]
