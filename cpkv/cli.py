@@ -13,15 +13,21 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cpkv.report import render_verify_table
+from cpkv import flag_commands
+from cpkv.bench import run_bench
+from cpkv.explain import explain_trace
+from cpkv.phase_table import phase_rows
+from cpkv.report import render_bench, render_explain, render_phases, render_verify_table
 from cpkv.runner import Backend, BatchProgress
+from cpkv.settings import RunSettings, resolve_run
 from cpkv.verify import VerifyReport, verify_levels
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
-from cpkv_core.plan import ExecutionPlan
-from cpkv_core.trace import Trace, TraceError, load_trace, parse_trace_text
+from cpkv_core.trace import Trace, load_trace, parse_trace_text
+from phases.gate import level_plans, levels_of
+from phases.registry import REGISTERED_PHASES
 
 app = typer.Typer(
     name="cpkv",
@@ -34,13 +40,26 @@ err = Console(stderr=True)
 
 DEMO_TRACE = "data/demo_trace.jsonl"
 
-CpSizeOpt = Annotated[int, typer.Option("--cp-size", help="CP ranks sharing a prefill chunk.")]
-PageSizeOpt = Annotated[int, typer.Option("--page-size", help="Tokens per KV page.")]
-CpModeOpt = Annotated[CpMode, typer.Option("--cp-mode", help="How current tokens are split.")]
+TraceArg = Annotated[Path, typer.Argument(metavar="TRACE", help="Trace file (JSON Lines).")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", help="Config file (else $CPKV_CONFIG, else ./cpkv.toml)."),
+]
+PhasesOpt = Annotated[
+    str | None,
+    typer.Option("--phases", help="Enabled phases for this run: LIST (e.g. 1,2), all or none."),
+]
+CpSizeOpt = Annotated[
+    int | None, typer.Option("--cp-size", help="CP ranks; turns CP on for the run.")
+]
+PageSizeOpt = Annotated[int | None, typer.Option("--page-size", help="Tokens per KV page.")]
+CpModeOpt = Annotated[
+    CpMode | None, typer.Option("--cp-mode", help="How current tokens are split.")
+]
 BackendOpt = Annotated[
     Backend, typer.Option("--backend", help="gloo: one process per rank; local: threads.")
 ]
-ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (tiny runs on CPU).")]
+ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (runs need tiny).")]
 IndexDtypeOpt = Annotated[
     IndexKDtype, typer.Option("--index-k-dtype", help="Storage dtype of the indexer key cache.")
 ]
@@ -52,52 +71,47 @@ class BadInput(Exception):
 
 
 @contextmanager
-def _bad_input_exits() -> Iterator[None]:
+def bad_input_exits() -> Iterator[None]:
+    """Turns bad input (trace, flags, options) into a message on stderr and exit code 2."""
     try:
         yield
-    except (BadInput, TraceError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        err.print(f"[red]error:[/red] {where}: {first['msg']}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(where)}: {escape(first['msg'])}", highlight=False)
+        raise typer.Exit(2) from exc
+    except (BadInput, ValueError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from exc
 
 
-def _deployment(
-    cp_size: int, cp_mode: CpMode, page_size: int, dtype: IndexKDtype
-) -> DeploymentConfig:
-    return DeploymentConfig(
-        cp_size=cp_size, cp_mode=cp_mode, page_size=page_size, index_k_dtype=dtype
-    )
+def emit(as_json: bool, document: dict[str, Any], render: Callable[[], None]) -> None:
+    """Prints ``document`` as JSON on stdout, or calls ``render`` for people."""
+    if as_json:
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        render()
 
 
-def _model(name: str) -> ModelConfig:
-    try:
-        model = model_preset(name)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from exc
+def _runnable_model(name: str) -> ModelConfig:
+    model = model_preset(name)
     if name != "tiny":
         raise BadInput(f"--model {name} is for planning only; runs need --model tiny on CPU")
     return model
 
 
-def _baseline_levels(
-    batches: tuple[BatchSpec, ...], deploy: DeploymentConfig
-) -> dict[int, tuple[ExecutionPlan, ...]]:
-    return {0: tuple(ExecutionPlan.baseline(deploy.cp_mode) for _ in batches)}
-
-
 def _run_verify(
     trace: Trace,
     model: ModelConfig,
-    deploy: DeploymentConfig,
+    settings: RunSettings,
     backend: Backend,
     show_progress: bool,
 ) -> VerifyReport:
-    levels = _baseline_levels(trace.batches, deploy)
-    total = len(trace.batches) * len(levels)
+    deploy = settings.deploy
+    levels = {
+        lv: level_plans(lv, settings.enabled, deploy, trace.batches, settings.ceiling)
+        for lv in levels_of(settings.enabled)
+    }
     if not show_progress:
         return verify_levels(model, deploy, trace.batches, levels, backend)
     columns = (
@@ -107,7 +121,8 @@ def _run_verify(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task(f"prefill on {deploy.cp_size} {backend} ranks", total=total)
+        description = f"levels {', '.join(map(str, levels))} on {deploy.cp_size} {backend} ranks"
+        task = progress.add_task(description, total=len(trace.batches) * len(levels))
 
         def advance(_: BatchProgress) -> None:
             progress.advance(task)
@@ -115,57 +130,107 @@ def _run_verify(
         return verify_levels(model, deploy, trace.batches, levels, backend, on_progress=advance)
 
 
-def _emit(as_json: bool, document: dict[str, Any], render: Callable[[], None]) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    else:
-        render()
-
-
 @app.command()
 def verify(
-    trace_path: Annotated[Path, typer.Argument(metavar="TRACE", help="Trace file (JSON Lines).")],
-    cp_size: CpSizeOpt = 2,
-    page_size: PageSizeOpt = 64,
-    cp_mode: CpModeOpt = CpMode.IN_SEQ_SPLIT,
+    trace_path: TraceArg,
+    phases: PhasesOpt = None,
+    config: ConfigOpt = None,
+    cp_size: CpSizeOpt = None,
+    page_size: PageSizeOpt = None,
+    cp_mode: CpModeOpt = None,
     backend: BackendOpt = Backend.GLOO,
     model_name: ModelOpt = "tiny",
     index_k_dtype: IndexDtypeOpt = IndexKDtype.FP8_E4M3,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run TRACE on CP ranks and compare every batch with the non-CP reference."""
-    with _bad_input_exits():
-        deploy = _deployment(cp_size, cp_mode, page_size, index_k_dtype)
-        model = _model(model_name)
-        trace = load_trace(trace_path, page_size)
-    report = _run_verify(trace, model, deploy, backend, show_progress=not as_json)
-    _emit(as_json, report.to_json(), lambda: render_verify_table(out, report, deploy))
+    """Run TRACE on CP ranks at every level 0..highest enabled phase; compare each with the
+    non-CP reference. Exit 0 only when every batch of every level matches."""
+    with bad_input_exits():
+        settings = resolve_run(config, phases, cp_size, page_size, cp_mode, index_k_dtype)
+        model = _runnable_model(model_name)
+        trace = load_trace(trace_path, settings.deploy.page_size)
+    report = _run_verify(trace, model, settings, backend, show_progress=not as_json)
+    emit(as_json, report.to_json(), lambda: render_verify_table(out, report, settings.deploy))
     raise typer.Exit(0 if report.ok else 1)
 
 
 @app.command()
+def explain(
+    trace_path: TraceArg,
+    phases: PhasesOpt = None,
+    config: ConfigOpt = None,
+    cp_size: CpSizeOpt = None,
+    page_size: PageSizeOpt = None,
+    cp_mode: CpModeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The gate's BatchPlan for every batch of TRACE, with reasons, and a summary by phase."""
+    with bad_input_exits():
+        settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
+        trace = load_trace(trace_path, settings.deploy.page_size)
+    report = explain_trace(trace.batches, settings.enabled, settings.deploy, settings.ceiling)
+    emit(as_json, report.to_json(), lambda: render_explain(out, report))
+
+
+@app.command("phases")
+def phases_command(
+    config: ConfigOpt = None,
+    cp_size: CpSizeOpt = None,
+    page_size: PageSizeOpt = None,
+    cp_mode: CpModeOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The phases: number, name, flag, needs, enabled, available, start-up contract status."""
+    with bad_input_exits():
+        settings = resolve_run(config, None, cp_size, page_size, cp_mode)
+    rows = phase_rows(settings.enabled, settings.deploy)
+    document = {"deployment": settings.deploy.model_dump(mode="json"), "phases": rows}
+    emit(as_json, document, lambda: render_phases(out, rows))
+
+
+@app.command()
+def bench(
+    cp_size: Annotated[int, typer.Option("--cp-size", help="CP size for gate timing.")] = 4,
+    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page.")] = 64,
+    as_json: JsonOpt = False,
+) -> None:
+    """Performance figures, measured side by side in one run (bytes exact, times medians)."""
+    with bad_input_exits():
+        deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
+    report = run_bench(model_preset("tiny"), deploy)
+    emit(as_json, report.to_json(), lambda: render_bench(out, report))
+
+
+@app.command()
 def demo(
-    cp_size: CpSizeOpt = 4,
-    page_size: PageSizeOpt = 64,
-    cp_mode: CpModeOpt = CpMode.IN_SEQ_SPLIT,
+    cp_size: Annotated[int, typer.Option("--cp-size", help="CP ranks.")] = 4,
+    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per KV page.")] = 64,
+    cp_mode: Annotated[CpMode, typer.Option("--cp-mode", help="Split mode.")] = (
+        CpMode.IN_SEQ_SPLIT
+    ),
     backend: BackendOpt = Backend.GLOO,
     as_json: JsonOpt = False,
 ) -> None:
-    """The main job on built-in defaults: a built-in trace on a real gloo group, verified."""
-    with _bad_input_exits():
-        deploy = _deployment(cp_size, cp_mode, page_size, IndexKDtype.FP8_E4M3)
+    """The main job on built-in defaults: a built-in trace through the gate, every registered
+    phase on, on a real gloo group, each level verified against the reference."""
+    with bad_input_exits():
+        deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=page_size)
         text = files("cpkv").joinpath(DEMO_TRACE).read_text()
         trace = parse_trace_text(text, page_size, source=f"cpkv/{DEMO_TRACE}")
-    model = model_preset("tiny")
+    settings = RunSettings(deploy, frozenset(REGISTERED_PHASES), None, False)
     if not as_json:
         tokens = sum(b.num_tokens for b in trace.batches)
         out.print(
             f"cpkv demo: {len(trace.batches)} batches, {tokens} tokens, model tiny, "
-            f"cp_size={cp_size} {cp_mode}, page_size={page_size}, backend {backend}"
+            f"cp_size={cp_size} {cp_mode}, page_size={page_size}, backend {backend}, "
+            f"phases {sorted(int(p) for p in settings.enabled)} on"
         )
-    report = _run_verify(trace, model, deploy, backend, show_progress=not as_json)
-    _emit(as_json, report.to_json(), lambda: render_verify_table(out, report, deploy))
+    report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json)
+    emit(as_json, report.to_json(), lambda: render_verify_table(out, report, deploy))
     raise typer.Exit(0 if report.ok else 1)
+
+
+flag_commands.register(app)
 
 
 def main() -> None:

@@ -2,54 +2,63 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
+from cpkv.bench import BenchReport
+from cpkv.explain import ExplainReport
 from cpkv.verify import VerifyReport
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.outputs import OUTPUT_ATOL
+from phases.gate import BatchPlan
 
 
 def human_bytes(num: float) -> str:
     """``1536`` -> ``1.5 KiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(num) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(num) < 1024:
             return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
         num /= 1024
-    raise AssertionError("unreachable")
+    return f"{num:.1f} GiB"
+
+
+def fallback_reasons(plan: BatchPlan) -> str:
+    """Why enabled phases above the chosen one are off for the batch (DISABLED left out)."""
+    texts = [
+        f"{int(d.phase)}: {'; '.join(d.reasons)}"
+        for d in plan.decisions
+        if not d.active and d.reasons != ("DISABLED",)
+    ]
+    return "\n".join(texts) or "-"
 
 
 def render_verify_table(console: Console, report: VerifyReport, deploy: DeploymentConfig) -> None:
     """One row per (level, batch), then a one-line verdict."""
     table = Table(title=f"cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size}")
-    for name in (
-        "level",
-        "batch",
-        "tokens",
-        "gathered / rank",
-        "KV / rank",
-        "max |diff|",
-        "top-k",
-        "ok",
-    ):
+    for name in ("level", "batch", "tokens", "phase", "gathered/rank", "KV/rank", "max|diff|"):
         table.add_column(name, justify="right")
+    table.add_column("top-k")
+    table.add_column("ok")
+    table.add_column("fallback reasons")
     for level in report.levels:
         for row in level.rows:
-            gathered = max(row.gathered_bytes_by_rank)
-            kv = max(row.kv_bytes_by_rank)
             cmp = row.comparison
             table.add_row(
                 str(row.level),
                 str(row.batch),
                 str(row.tokens),
-                human_bytes(gathered),
-                human_bytes(kv),
+                str(row.batch_plan.phase),
+                human_bytes(max(row.gathered_bytes_by_rank)),
+                human_bytes(max(row.kv_bytes_by_rank)),
                 f"{cmp.max_abs_diff:.3g}",
                 "equal" if cmp.topk_equal else f"{cmp.topk_mismatches} rows differ",
                 "[green]yes[/green]" if cmp.ok else "[red]NO[/red]",
+                fallback_reasons(row.batch_plan),
             )
     console.print(table)
-    levels = ", ".join(f"level {lv.level} max |diff| {lv.max_abs_diff:.3g}" for lv in report.levels)
+    levels = ", ".join(f"level {lv.level} max|diff| {lv.max_abs_diff:.3g}" for lv in report.levels)
     if report.ok:
         console.print(
             f"[green]OK[/green]: every batch equals the reference (top-k sets exact, "
@@ -58,3 +67,81 @@ def render_verify_table(console: Console, report: VerifyReport, deploy: Deployme
     else:
         bad = sum(not r.comparison.ok for lv in report.levels for r in lv.rows)
         console.print(f"[red]FAILED[/red]: {bad} batch(es) differ from the reference; {levels}")
+
+
+def render_explain(console: Console, report: ExplainReport) -> None:
+    """One row per batch with its plan and reasons, then the summary."""
+    deploy = report.deploy
+    enabled = ",".join(str(int(p)) for p in sorted(report.enabled)) or "none"
+    table = Table(
+        title=f"cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size} "
+        f"enabled={enabled}"
+    )
+    for name in ("batch", "tokens", "phase"):
+        table.add_column(name, justify="right")
+    table.add_column("plan: split / kv write / kv read / output")
+    table.add_column("why enabled phases are off")
+    for batch, plan in zip(report.batches, report.plans, strict=True):
+        p = plan.plan
+        table.add_row(
+            str(batch.batch),
+            str(batch.num_tokens),
+            str(plan.phase),
+            f"{p.split} / {p.kv_write} / {p.kv_read} / {p.output}",
+            fallback_reasons(plan),
+        )
+    console.print(table)
+    summary = report.summary()
+    by_phase = ", ".join(
+        f"phase {k}: {v} batches / {summary['tokens_by_phase'][k]} tokens"
+        for k, v in summary["batches_by_phase"].items()
+    )
+    console.print(f"summary: {by_phase}")
+
+
+def render_phases(console: Console, rows: list[dict[str, Any]]) -> None:
+    """The phase table."""
+    table = Table(title="phases")
+    for name in ("#", "name", "flag", "needs", "enabled", "available", "start-up contract"):
+        table.add_column(name)
+    for row in rows:
+        if row["startup_ok"] is None:
+            contract = "-"
+        elif row["startup_ok"]:
+            contract = "[green]holds[/green]"
+        else:
+            contract = "[red]" + "; ".join(row["startup_reasons"]) + "[/red]"
+        table.add_row(
+            str(row["phase"]),
+            row["name"],
+            row["flag"],
+            ",".join(map(str, row["needs"])) or "-",
+            "yes" if row["enabled"] else "no",
+            "yes" if row["available"] else "no (not built yet)",
+            contract,
+        )
+    console.print(table)
+
+
+def render_bench(console: Console, report: BenchReport) -> None:
+    """Each figure as a table."""
+    gate = Table(title="gate decision time per batch (median)")
+    gate.add_column("bs", justify="right")
+    gate.add_column("us / batch", justify="right")
+    for timing in report.gate:
+        gate.add_row(str(timing.bs), f"{timing.microseconds_per_batch:.1f}")
+    console.print(gate)
+    tail = Table(title="phase 1: tail bytes gathered per rank, one batch (tiny model)")
+    for name in ("cp_size", "mode", "bs", "tokens", "full gather", "narrow", "narrow/full"):
+        tail.add_column(name, justify="right")
+    for row in report.tail_bytes:
+        tail.add_row(
+            str(row.cp_size),
+            row.cp_mode,
+            str(row.bs),
+            str(row.tokens),
+            str(row.full_gather_bytes),
+            str(row.narrow_bytes),
+            f"{row.ratio:.4f}",
+        )
+    console.print(tail)

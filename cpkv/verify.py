@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpkv.explain import plan_to_json
 from cpkv.runner import (
     Backend,
     BatchProgress,
@@ -18,7 +19,6 @@ from cpkv.runner import (
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.outputs import OUTPUT_ATOL, BatchComparison, BatchOutput, compare_batch
-from cpkv_core.plan import ExecutionPlan
 from phases.gate import BatchPlan
 
 
@@ -28,9 +28,8 @@ class BatchRow:
 
     level: int
     batch: int
-    phase: int
-    """The phase the gate chose for the batch at this level."""
-    plan: ExecutionPlan
+    batch_plan: BatchPlan
+    """The gate's decision for the batch at this level."""
     tokens: int
     gathered_bytes_by_rank: tuple[int, ...]
     gathered_bytes_by_tag: dict[str, int]
@@ -81,13 +80,6 @@ class VerifyReport:
                 {
                     "level": row.level,
                     "batch": row.batch,
-                    "phase": row.phase,
-                    "plan": {
-                        "split": str(row.plan.split),
-                        "kv_write": str(row.plan.kv_write),
-                        "kv_read": str(row.plan.kv_read),
-                        "output": str(row.plan.output),
-                    },
                     "ok": row.comparison.ok,
                     "tokens": row.tokens,
                     "max_abs_diff": row.comparison.max_abs_diff,
@@ -95,6 +87,7 @@ class VerifyReport:
                     "topk_mismatches": row.comparison.topk_mismatches,
                     "gathered_bytes_by_rank": list(row.gathered_bytes_by_rank),
                     "gathered_bytes_by_tag": dict(row.gathered_bytes_by_tag),
+                    **plan_to_json(row.batch_plan),
                     "kv_bytes_by_rank": list(row.kv_bytes_by_rank),
                 }
                 for lv in self.levels
@@ -118,8 +111,7 @@ def _level_report(
             BatchRow(
                 level=level,
                 batch=batch.batch,
-                phase=plan.phase,
-                plan=plan.plan,
+                batch_plan=plan,
                 tokens=batch.num_tokens,
                 gathered_bytes_by_rank=tuple(sum(p.gathered_bytes.values()) for p in pieces),
                 gathered_bytes_by_tag=pieces[0].gathered_bytes,

@@ -76,9 +76,7 @@ class Gate:
         if pid not in self.enabled:
             return [Reason(ReasonCode.DISABLED)]
         if phase is None:
-            return [
-                Reason(ReasonCode.UNAVAILABLE, f"phase={int(pid)} has no mechanics in this build")
-            ]
+            return [Reason(ReasonCode.UNAVAILABLE)]
         reasons = list(self.startup[pid])
         if self.ceiling is not None and pid > self.ceiling:
             reasons.append(Reason(ReasonCode.CEILING, f"max_phase={self.ceiling}"))

@@ -11,8 +11,8 @@ from cpkv_core import engine as engine_mod
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
 from cpkv_core.plan import KvReadStrategy
-from phases.gate import BatchPlan, level_plans
 from cpkv_core.trace import parse_trace_text
+from phases.gate import BatchPlan, level_plans
 from tests.conftest import make_deploy, mixed_trace
 
 TINY = model_preset("tiny")

@@ -32,12 +32,12 @@ def test_narrow_output_matches_reference_and_counts_tail_bytes(
     assert report.levels[1].max_abs_diff == 0.0
     for row, batch in zip(report.levels[1].rows, batches, strict=True):
         hidden_bytes = TINY.hidden_size * 4
-        if row.phase == 1:
-            assert row.plan.output is OutputStrategy.NARROW_LAST_TOKEN
+        if row.batch_plan.phase == 1:
+            assert row.batch_plan.plan.output is OutputStrategy.NARROW_LAST_TOKEN
             expected = cp_size * len(batch.requests) * hidden_bytes
         else:
             max_local = build_split(batch.extend_lens, cp_size, cp_mode).max_local
             expected = cp_size * max_local * hidden_bytes
         assert row.gathered_bytes_by_tag["tail_hidden"] == expected
     # Batch 1 speculates, batch 2 asks for logprobs and hidden states: both keep the full gather.
-    assert [row.phase for row in report.levels[1].rows] == [1, 0, 0, 1]
+    assert [row.batch_plan.phase for row in report.levels[1].rows] == [1, 0, 0, 1]

@@ -1,0 +1,120 @@
+"""``cpkv bench``: the performance figures, measured side by side in one run.
+
+Bytes are counted exactly by the communication layer; times are medians over repeats after a
+warm-up. Ratios, not absolute times, are the headline.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any
+
+from cpkv.runner import Backend, RankJob, num_pages_for, run_levels
+from cpkv_core.batch import BatchSpec, RequestSpec
+from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
+from phases.gate import Gate, level_plans
+from phases.ids import PhaseId
+from phases.registry import REGISTERED_PHASES
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def synthetic_batch(bs: int, extend_len: int) -> BatchSpec:
+    """A first batch of ``bs`` new requests of ``extend_len`` tokens each."""
+    return BatchSpec(0, tuple(RequestSpec(f"r{i}", 0, extend_len) for i in range(bs)))
+
+
+@dataclass(frozen=True, slots=True)
+class GateTiming:
+    """Gate decision time for one batch size."""
+
+    bs: int
+    microseconds_per_batch: float
+
+
+def bench_gate(deploy: DeploymentConfig, sizes: Sequence[int] = (1, 32, 256)) -> list[GateTiming]:
+    """Time of ``Gate.plan`` per batch, every registered phase enabled."""
+    gate = Gate(frozenset(REGISTERED_PHASES), deploy)
+    rows = []
+    for bs in sizes:
+        batch = synthetic_batch(bs, extend_len=4 * deploy.page_size * deploy.cp_size)
+        repeats = max(20, 20_000 // bs)
+        seconds = median_seconds(partial(gate.plan, batch), repeats=repeats)
+        rows.append(GateTiming(bs, seconds * 1e6))
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class TailBytes:
+    """Tail bytes gathered per rank for one batch, full gather (level 0) vs narrow (level 1)."""
+
+    cp_size: int
+    cp_mode: str
+    bs: int
+    tokens: int
+    full_gather_bytes: int
+    narrow_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        """narrow / full."""
+        return self.narrow_bytes / self.full_gather_bytes
+
+
+def bench_tail_bytes(
+    model: ModelConfig, cp_sizes: Sequence[int] = (2, 4, 8), bs: int = 8, extend_len: int = 96
+) -> list[TailBytes]:
+    """Runs one batch at levels 0 and 1 on the in-process group and reads the counted bytes."""
+    rows = []
+    batch = synthetic_batch(bs, extend_len)
+    for cp_size in cp_sizes:
+        for cp_mode in CpMode:
+            deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=16)
+            plans = tuple(
+                tuple(
+                    p.plan
+                    for p in level_plans(lv, frozenset({PhaseId.NARROW_OUTPUT}), deploy, [batch])
+                )
+                for lv in (0, 1)
+            )
+            job = RankJob(model, deploy, (batch,), plans, num_pages_for([batch], 16))
+            full, narrow = (
+                run.rank_outputs[0][0].gathered_bytes["tail_hidden"]
+                for run in run_levels(job, Backend.LOCAL)
+            )
+            rows.append(TailBytes(cp_size, str(cp_mode), bs, batch.num_tokens, full, narrow))
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class BenchReport:
+    """Every figure of one bench run."""
+
+    gate: list[GateTiming]
+    tail_bytes: list[TailBytes]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document of ``cpkv bench --json``."""
+        return {
+            "gate": [asdict(row) for row in self.gate],
+            "tail_bytes": [asdict(row) | {"ratio": row.ratio} for row in self.tail_bytes],
+        }
+
+
+def run_bench(model: ModelConfig, deploy: DeploymentConfig) -> BenchReport:
+    """Runs every figure."""
+    return BenchReport(gate=bench_gate(deploy), tail_bytes=bench_tail_bytes(model))

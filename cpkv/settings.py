@@ -1,0 +1,50 @@
+"""What a run uses: the flag sources, overridden by the command's own options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype
+from flags import resolve_flags
+from phases.ids import PhaseId, parse_phase_list
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """The deployment, the enabled phases and the kill-switch ceiling of one run."""
+
+    deploy: DeploymentConfig
+    enabled: frozenset[PhaseId]
+    ceiling: int | None
+    debug_checks: bool
+
+
+def resolve_run(
+    config: Path | None,
+    phases: str | None,
+    cp_size: int | None,
+    page_size: int | None,
+    cp_mode: CpMode | None,
+    index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
+) -> RunSettings:
+    """Flag sources (defaults < config < environment) < the command's options.
+
+    ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set.
+
+    Raises:
+        ValueError: a malformed config, environment variable, option or phase list.
+    """
+    cli: dict[str, object] = {}
+    if cp_size is not None:
+        cli |= {"attn_cp_size": cp_size, "enable_nsa_prefill_context_parallel": True}
+    if page_size is not None:
+        cli["page_size"] = page_size
+    if cp_mode is not None:
+        cli["nsa_prefill_cp_mode"] = cp_mode
+    flags = resolve_flags(config, cli).flags
+    deploy = DeploymentConfig.model_validate(
+        flags.deployment().model_dump() | {"index_k_dtype": index_k_dtype}
+    )
+    enabled = parse_phase_list(phases) if phases is not None else flags.enabled_phases()
+    return RunSettings(deploy, enabled, flags.max_phase, flags.debug_cp_shared_kv)

@@ -1,0 +1,125 @@
+"""`cpkv explain`, `cpkv phases`, `cpkv verify --phases` and `cpkv bench` through typer's runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cpkv.cli import app
+from tests.conftest import DATA
+
+runner = CliRunner()
+NARROW_TRACE = str(DATA / "narrow.jsonl")
+
+
+@pytest.fixture(autouse=True)
+def isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No stray ./cpkv.toml or environment decides these runs."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("CPKV_CONFIG", "CPKV_MAX_PHASE", "SGLANG_DEBUG_CP_SHARED_KV"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_explain_json_lists_every_batch_with_reasons() -> None:
+    result = runner.invoke(
+        app,
+        ["explain", NARROW_TRACE, "--phases", "1", "--cp-size", "2", "--page-size", "4", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [b["phase"] for b in doc["batches"]] == [1, 0, 0, 1]
+    phase1 = [b["phases"][0] for b in doc["batches"]]
+    assert phase1[1] == {"phase": 1, "active": False, "reasons": ["SPEC_DECODE spec=EAGLE"]}
+    assert phase1[2]["reasons"] == ["RETURN_LOGPROB rid=d", "CAPTURE_HIDDEN rid=e"]
+    assert doc["summary"]["batches_by_phase"] == {"0": 2, "1": 2}
+    assert doc["summary"]["tokens_by_phase"] == {"0": 52, "1": 56}
+    assert doc["summary"]["reasons_by_phase"]["1"] == {
+        "CAPTURE_HIDDEN": 1,
+        "RETURN_LOGPROB": 1,
+        "SPEC_DECODE": 1,
+    }
+
+
+def test_explain_honours_the_kill_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CPKV_MAX_PHASE", "0")
+    result = runner.invoke(
+        app,
+        [
+            "explain",
+            NARROW_TRACE,
+            "--phases",
+            "all",
+            "--cp-size",
+            "2",
+            "--page-size",
+            "4",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert {b["phase"] for b in doc["batches"]} == {0}
+    assert "CEILING max_phase=0" in doc["batches"][0]["phases"][0]["reasons"]
+
+
+def test_explain_reads_enabled_phases_from_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "cpkv.toml").write_text(
+        "enable-nsa-prefill-context-parallel = true\nattn-cp-size = 2\npage-size = 4\n"
+        "enable-nsa-prefill-cp-narrow-output = true\n"
+    )
+    result = runner.invoke(app, ["explain", NARROW_TRACE, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["enabled"] == [1] and doc["deployment"]["cp_size"] == 2
+
+
+def test_phases_table_json() -> None:
+    result = runner.invoke(app, ["phases", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["phases"]
+    assert [r["phase"] for r in rows] == [1, 2, 3, 4, 5]
+    assert rows[0]["flag"] == "--enable-nsa-prefill-cp-narrow-output"
+    assert rows[0]["available"] is True and rows[0]["startup_ok"] is True
+    assert rows[2]["needs"] == [2] and rows[4]["needs"] == [4]
+
+
+def test_verify_runs_every_level_up_to_the_highest_enabled_phase() -> None:
+    result = runner.invoke(
+        app,
+        [
+            "verify",
+            NARROW_TRACE,
+            "--phases",
+            "all",
+            "--cp-size",
+            "3",
+            "--page-size",
+            "4",
+            "--backend",
+            "local",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [lv["level"] for lv in doc["levels"]] == list(range(len(doc["levels"])))
+    assert all(lv["ok"] and lv["max_abs_diff"] == 0.0 for lv in doc["levels"])
+
+
+def test_bad_phase_list_exits_2() -> None:
+    result = runner.invoke(app, ["explain", NARROW_TRACE, "--phases", "1,7"])
+    assert result.exit_code == 2
+    assert "'7'" in result.stderr
+
+
+def test_bench_json_reports_gate_times_and_tail_bytes() -> None:
+    result = runner.invoke(app, ["bench", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [g["bs"] for g in doc["gate"]] == [1, 32, 256]
+    for row in doc["tail_bytes"]:
+        assert row["narrow_bytes"] == row["cp_size"] * row["bs"] * 64 * 4
+        assert row["narrow_bytes"] < row["full_gather_bytes"]
