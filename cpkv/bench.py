@@ -91,7 +91,7 @@ def bench_tail_bytes(
                 )
                 for lv in (0, 1)
             )
-            job = RankJob(model, deploy, (batch,), plans, num_pages_for([batch], 16))
+            job = RankJob(model, deploy, (batch,), plans, num_pages_for([batch], 16, cp_size))
             full, narrow = (
                 run.rank_outputs[0][0].gathered_bytes["tail_hidden"]
                 for run in run_levels(job, Backend.LOCAL)

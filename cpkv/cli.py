@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cpkv import flag_commands
+from cpkv import flag_commands, plan_command
 from cpkv.bench import run_bench
 from cpkv.explain import explain_trace
 from cpkv.phase_table import phase_rows
@@ -231,6 +231,7 @@ def demo(
 
 
 flag_commands.register(app)
+plan_command.register(app)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.engine import CPEngine
 from cpkv_core.launch import ProgressEvent, report_progress, spawn_group
 from cpkv_core.outputs import BatchOutput, RankBatchOutput, merge_rank_outputs
-from cpkv_core.plan import ExecutionPlan
+from cpkv_core.plan import ExecutionPlan, KvLayout
 from cpkv_core.reference import ReferenceModel
 
 
@@ -38,6 +38,8 @@ class RankJob:
     plans_by_level: tuple[tuple[ExecutionPlan, ...], ...]
     """For each level run, one plan per batch."""
     num_pages: int
+    debug_checks: bool = False
+    """Run the sharded-KV invariant checks (they synchronise)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +59,20 @@ class LevelRun:
     """``rank_outputs[batch][rank]``."""
 
 
-def num_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
-    """Pool size that holds the whole trace, plus one spare page."""
-    return pages_needed_for_trace(batches, page_size) + 1
+def num_pages_for(batches: Sequence[BatchSpec], page_size: int, cp_size: int = 1) -> int:
+    """Logical pages that hold the whole trace whatever owners its pages go to.
+
+    Each owner gets ``num_pages / cp_size`` pages, so every owner could hold the trace.
+    """
+    return cp_size * (pages_needed_for_trace(batches, page_size) + 1)
+
+
+def level_layout(plans: Sequence[ExecutionPlan]) -> KvLayout:
+    """The KV layout every plan of a level stores into; one per level (KV at rest is fixed)."""
+    layouts = {plan.kv_layout for plan in plans}
+    if len(layouts) > 1:
+        raise RuntimeError(f"a level mixes KV layouts {sorted(layouts)}, indicates a gate bug")
+    return layouts.pop() if layouts else KvLayout.REPLICATED
 
 
 def _run_job(
@@ -68,7 +81,14 @@ def _run_job(
     """One rank's part: a fresh engine per level, every batch in order; rank 0 notifies."""
     results = []
     for run, plans in enumerate(job.plans_by_level):
-        engine = CPEngine(job.model, job.deploy, comm, job.num_pages)
+        engine = CPEngine(
+            job.model,
+            job.deploy,
+            comm,
+            job.num_pages,
+            kv_layout=level_layout(plans),
+            debug_checks=job.debug_checks,
+        )
         outputs = []
         for batch, plan in zip(job.batches, plans, strict=True):
             outputs.append(engine.run_batch(batch, plan))

@@ -138,7 +138,7 @@ def verify_levels(
         deploy=deploy,
         batches=batches,
         plans_by_level=tuple(tuple(p.plan for p in levels[lv]) for lv in ordered),
-        num_pages=num_pages_for(batches, deploy.page_size),
+        num_pages=num_pages_for(batches, deploy.page_size, deploy.cp_size),
     )
     reference = run_reference(job)
     runs = run_levels(job, backend, on_progress)

@@ -2,6 +2,11 @@
 
 Every CP rank runs the same allocator on the same batches and must get the same logical
 pages, so free pages are handed out in ascending order and nothing depends on hashing.
+
+Pages have owners (``owner_of_page``: ``page % num_owners``, one owner per CP rank under
+sharded KV). The allocator keeps one free list per owner and, unless told which owners to
+use, deals a request's consecutive pages to consecutive owners, so every request's pages
+are balanced across ranks within one page.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import heapq
 from collections.abc import Sequence
 
 from cpkv_core.batch import BatchSpec, RequestSpec
+from cpkv_core.ownership import owner_of_page
 
 __all__ = ["OutOfPagesError", "PageAllocator", "pages_needed_for_trace"]
 
@@ -17,17 +23,20 @@ __all__ = ["OutOfPagesError", "PageAllocator", "pages_needed_for_trace"]
 class OutOfPagesError(RuntimeError):
     """The pool has too few free pages for an allocation; nothing was allocated."""
 
-    def __init__(self, needed: int, free: int, total: int) -> None:
+    def __init__(self, needed: int, free: int, total: int, owner: int | None = None) -> None:
         self.needed = needed
         self.free = free
         self.total = total
+        self.owner = owner
+        where = "" if owner is None else f" on owner {owner}"
         super().__init__(
-            f"out of KV pages: need {needed} more, {free} free of {total}; raise num_pages "
-            "(pages_needed_for_trace sizes a pool for a whole trace) or release requests"
+            f"out of KV pages{where}: need {needed} more, {free} free of {total}; raise "
+            "num_pages (pages_needed_for_trace sizes a pool for a whole trace) or release "
+            "requests"
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.needed, self.free, self.total))
+        return (type(self), (self.needed, self.free, self.total, self.owner))
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -43,19 +52,25 @@ class PageAllocator:
     counted); its own tokens and every later chunk go to pages only it holds, so a shared
     page is never written.
 
-    Invariant: a page is in use iff its refcount is >= 1, iff it is not in the free list;
-    its refcount equals the number of page tables holding it; every page table holds exactly
-    ``ceil(seq_len / page_size)`` pages.
+    Invariant: a page is in use iff its refcount is >= 1, iff it is not in its owner's free
+    list; its refcount equals the number of page tables holding it; every page table holds
+    exactly ``ceil(seq_len / page_size)`` pages.
     """
 
-    def __init__(self, num_pages: int, page_size: int) -> None:
+    def __init__(self, num_pages: int, page_size: int, num_owners: int = 1) -> None:
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if num_owners < 1:
+            raise ValueError(f"num_owners must be >= 1, got {num_owners}")
         self.num_pages = num_pages
         self.page_size = page_size
-        self._free: list[int] = list(range(num_pages))  # a min-heap
+        self.num_owners = num_owners
+        # NOTE: one min-heap per owner; ascending ranges are valid heaps already.
+        self._free: list[list[int]] = [
+            list(range(owner, num_pages, num_owners)) for owner in range(num_owners)
+        ]
         self._refcount: list[int] = [0] * num_pages
         self._page_tables: dict[str, list[int]] = {}
         self._seq_lens: dict[str, int] = {}
@@ -68,12 +83,20 @@ class PageAllocator:
     @property
     def num_free_pages(self) -> int:
         """Pages not held by any request."""
-        return len(self._free)
+        return sum(len(free) for free in self._free)
 
     @property
     def num_pages_in_use(self) -> int:
         """Pages held by at least one request."""
-        return self.num_pages - len(self._free)
+        return self.num_pages - self.num_free_pages
+
+    def pages_in_use_by_owner(self) -> list[int]:
+        """Pages in use per owner."""
+        counts = [0] * self.num_owners
+        for page, n in enumerate(self._refcount):
+            if n > 0:
+                counts[owner_of_page(page, self.num_owners)] += 1
+        return counts
 
     @property
     def pages_in_use(self) -> frozenset[int]:
@@ -110,25 +133,41 @@ class PageAllocator:
 
     # -- updates ----------------------------------------------------------------------
 
-    def allocate(self, req: RequestSpec) -> None:
+    def new_pages_needed(self, req: RequestSpec) -> int:
+        """Pages ``allocate(req)`` would take from the free lists."""
+        held = self._page_tables.get(req.rid)
+        already = len(held) if held is not None else req.prefix_len // self.page_size
+        return _ceil_div(req.seq_len, self.page_size) - already
+
+    def allocate(self, req: RequestSpec, owners: Sequence[int] | None = None) -> None:
         """Gives ``req`` the pages for positions ``[0, seq_len)``.
 
         A continuation fills its partly filled last page first, then takes new pages. A new
         request with ``prefix_from`` shares the source's first ``prefix_len // page_size``
         pages. All or nothing: on any error the allocator is unchanged.
 
+        Args:
+            req: the request's part of the batch.
+            owners: the owner of each new page, in position order (compute-owner
+                allocation); by default consecutive new pages go to consecutive owners,
+                starting after the owner of the request's last page (or, for a request
+                with no page yet, at the owner with the most free pages).
+
         Raises:
             ValueError: ``req`` does not follow from the allocator's state (continuation
                 with the wrong ``prefix_len``, unknown or too short ``prefix_from``,
-                unaligned shared prefix).
-            OutOfPagesError: Too few free pages.
+                unaligned shared prefix), or ``owners`` has the wrong length.
+            OutOfPagesError: Too few free pages (on some owner).
         """
         shared = self._pages_to_share(req)
         table = self._page_tables.get(req.rid, shared)
         needed = _ceil_div(req.seq_len, self.page_size) - len(table)
-        if needed > len(self._free):
-            raise OutOfPagesError(needed, len(self._free), self.num_pages)
-        new_pages = [heapq.heappop(self._free) for _ in range(needed)]
+        if owners is None:
+            owners = self._balanced_owners(table, needed)
+        elif len(owners) != needed:
+            raise ValueError(f"{req.rid!r} takes {needed} new pages, got {len(owners)} owners")
+        self._check_free(owners)
+        new_pages = [heapq.heappop(self._free[owner]) for owner in owners]
         for page in shared + new_pages:
             self._refcount[page] += 1
         self._page_tables[req.rid] = table + new_pages
@@ -140,7 +179,7 @@ class PageAllocator:
         for page in table:
             self._refcount[page] -= 1
             if self._refcount[page] == 0:
-                heapq.heappush(self._free, page)
+                heapq.heappush(self._free[owner_of_page(page, self.num_owners)], page)
         del self._page_tables[rid], self._seq_lens[rid]
 
     def check_invariants(self) -> None:
@@ -152,13 +191,32 @@ class PageAllocator:
             for page in table:
                 counts[page] += 1
         assert counts == self._refcount, f"refcounts {self._refcount} != holders {counts}"
-        free = set(self._free)
-        assert len(free) == len(self._free), f"free list has duplicates: {self._free}"
+        free_pages = [page for free in self._free for page in free]
+        free = set(free_pages)
+        assert len(free) == len(free_pages), f"free lists have duplicates: {self._free}"
+        for owner, pages in enumerate(self._free):
+            assert all(owner_of_page(p, self.num_owners) == owner for p in pages), owner
         in_use = {p for p, n in enumerate(counts) if n > 0}
         assert free.isdisjoint(in_use), f"pages both free and in use: {free & in_use}"
         assert len(free) + len(in_use) == self.num_pages, "a page is neither free nor in use"
 
     # -- helpers ----------------------------------------------------------------------
+
+    def _balanced_owners(self, table: list[int], needed: int) -> list[int]:
+        if table:
+            first = owner_of_page(table[-1], self.num_owners) + 1
+        else:
+            sizes = [len(free) for free in self._free]
+            first = sizes.index(max(sizes))
+        return [(first + i) % self.num_owners for i in range(needed)]
+
+    def _check_free(self, owners: Sequence[int]) -> None:
+        for owner in set(owners):
+            wanted = sum(1 for o in owners if o == owner)
+            if not 0 <= owner < self.num_owners:
+                raise ValueError(f"owner must be in [0, {self.num_owners}), got {owner}")
+            if wanted > len(self._free[owner]):
+                raise OutOfPagesError(wanted, len(self._free[owner]), self.num_pages, owner)
 
     def _table(self, rid: str) -> list[int]:
         try:

@@ -17,7 +17,9 @@ from cpkv_core.allocator import PageAllocator
 from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.comm import Communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.kv_pool import KVRows, ReplicatedKVPool
+from cpkv_core.debug_checks import check_batch_layer, check_ownership_partition
+from cpkv_core.kv_access import key_source, write_current
+from cpkv_core.kv_pool import KVRows, PagedKVPool
 from cpkv_core.layout import BatchLayout, build_layout
 from cpkv_core.model import (
     ModelWeights,
@@ -30,13 +32,7 @@ from cpkv_core.model import (
     project,
 )
 from cpkv_core.outputs import RankBatchOutput
-from cpkv_core.plan import (
-    ExecutionPlan,
-    KvReadStrategy,
-    KvWriteStrategy,
-    OutputStrategy,
-    SplitStrategy,
-)
+from cpkv_core.plan import ExecutionPlan, KvLayout, OutputStrategy, SplitStrategy
 from cpkv_core.split import (
     SplitMetadata,
     build_round_robin_split,
@@ -53,7 +49,8 @@ SPLIT_BUILDERS: dict[SplitStrategy, Callable[[tuple[int, ...], int], SplitMetada
 class CPEngine:
     """One CP rank: its allocator, its KV pool and the plan executor.
 
-    Every rank runs the same host-side allocator and sees the same logical locs.
+    Every rank runs the same host-side allocator and sees the same logical locs. The pool
+    layout (replicated or sharded) is fixed at construction; every plan must agree with it.
     """
 
     def __init__(
@@ -62,8 +59,16 @@ class CPEngine:
         deploy: DeploymentConfig,
         comm: Communicator,
         num_pages: int,
+        kv_layout: KvLayout = KvLayout.REPLICATED,
         weights: ModelWeights | None = None,
+        debug_checks: bool = False,
     ) -> None:
+        """Args:
+        num_pages: logical pages of the KV address space (a multiple of cp_size is
+            best: each owner gets ``ceil(num_pages / cp_size)`` of them).
+        kv_layout: replicated (every page on every rank) or sharded (owned pages only).
+        debug_checks: run the invariant checks of ``debug_checks``; they synchronise.
+        """
         if comm.world_size != deploy.cp_size:
             raise ValueError(
                 f"process group has {comm.world_size} ranks but cp_size is {deploy.cp_size}"
@@ -71,16 +76,28 @@ class CPEngine:
         self.cfg = cfg
         self.deploy = deploy
         self.comm = comm
+        self.kv_layout = kv_layout
+        self.debug_checks = debug_checks
         self.weights = weights if weights is not None else init_weights(cfg)
-        self.allocator = PageAllocator(num_pages, deploy.page_size)
-        self.pool = ReplicatedKVPool(cfg, num_pages, deploy.page_size, deploy.index_k_dtype)
+        self.allocator = PageAllocator(num_pages, deploy.page_size, num_owners=deploy.cp_size)
+        pool_pages = (
+            num_pages if kv_layout is KvLayout.REPLICATED else -(-num_pages // deploy.cp_size)
+        )
+        self.pool = PagedKVPool(cfg, pool_pages, deploy.page_size, deploy.index_k_dtype)
         self.ledger = TokenLedger()
+        self.written_pages: set[int] = set()
+        """Logical pages this rank has stored KV for (checked under debug_checks)."""
 
     def prepare(self, batch: BatchSpec, plan: ExecutionPlan) -> BatchLayout:
         """Allocates the batch's pages and builds its host-side metadata for this rank."""
+        if plan.kv_layout is not self.kv_layout:
+            raise RuntimeError(
+                f"batch {batch.batch}: plan writes a {plan.kv_layout} layout into a "
+                f"{self.kv_layout} pool, indicates a bug in the gate (KV at rest cannot change)"
+            )
         split = SPLIT_BUILDERS[plan.split](batch.extend_lens, self.deploy.cp_size)
         tokens = [self._admit(req) for req in batch.requests]
-        return build_layout(batch, split, self.comm.rank, tokens, self.allocator)
+        return build_layout(batch, plan, split, self.comm.rank, tokens, self.allocator)
 
     def _admit(self, req: RequestSpec) -> list[int]:
         """Allocates ``req``'s current tokens and returns their token ids."""
@@ -96,10 +113,16 @@ class CPEngine:
         for layer_index, layer in enumerate(self.weights.layers):
             proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
             current = self._gather_current(proj, layout)
-            WRITERS[plan.kv_write](self, layer_index, layout, current)
-            attn, topk = READERS[plan.kv_read](self, layer_index, proj, layout)
+            write_current(self.pool, layer_index, layout.write, current)
+            keys = key_source(self.comm, self.pool, layer_index, layout.read, current)
+            if self.debug_checks:
+                check_batch_layer(self, batch, layout, current, keys)
+            attn, topk = attend_local(self.cfg, proj, layout, keys)
             topk_per_layer.append(topk)
             hidden = finish_layer(layer, hidden, attn)
+        self.written_pages.update(self._pages_of(layout.current_locs[layout.write.source_index]))
+        if self.debug_checks:
+            check_ownership_partition(self)
         last_hidden = COLLECTORS[plan.output](self, hidden, layout)
         normed, logits = lm_head(self.weights, last_hidden)
         after = self._gathered_bytes()
@@ -111,8 +134,17 @@ class CPEngine:
             last_hidden=normed,
             logits=logits,
             gathered_bytes={tag: after[tag] - before.get(tag, 0) for tag in after},
-            kv_bytes=self.pool.bytes_for_pages(self.allocator.num_pages_in_use),
+            kv_bytes=self.pool.bytes_for_pages(self.stored_pages()),
         )
+
+    def stored_pages(self) -> int:
+        """Pages in use that this rank's pool stores."""
+        if self.kv_layout is KvLayout.REPLICATED:
+            return self.allocator.num_pages_in_use
+        return self.allocator.pages_in_use_by_owner()[self.comm.rank]
+
+    def _pages_of(self, locs: Tensor) -> set[int]:
+        return set((locs // self.deploy.page_size).tolist())
 
     def _gathered_bytes(self) -> dict[str, int]:
         return {tag: s.bytes_gathered for tag, s in self.comm.stats.by_tag.items()}
@@ -140,32 +172,26 @@ class CPEngine:
         )
 
 
-def write_replicated(engine: CPEngine, layer: int, layout: BatchLayout, current: KVRows) -> None:
-    """Phase 0: every rank stores every current token in its full pool."""
-    engine.pool.write(layer, layout.current_locs, current)
-
-
-def read_local_pool(
-    engine: CPEngine, layer: int, proj: Projections, layout: BatchLayout
+def attend_local(
+    cfg: ModelConfig, proj: Projections, layout: BatchLayout, keys: KVRows
 ) -> tuple[Tensor, Tensor]:
-    """Phase 0: each request's keys come from the rank's own full pool.
+    """Top-k and sparse attention for this rank's queries, request by request.
 
     Returns:
         ``(attn [n_local, num_heads * kv_lora_rank], topk [n_local, index_topk])``.
     """
-    cfg = engine.cfg
     n_local = proj.q.shape[0]
     attn = proj.q.new_zeros(n_local, cfg.num_heads * cfg.kv_lora_rank)
-    topk = torch.full((n_local, cfg.index_topk), -1, dtype=torch.int64)
+    topk = torch.full((n_local, cfg.index_topk), -1, dtype=torch.int64, device=proj.q.device)
     for req in layout.requests:
-        keys = engine.pool.read(layer, req.key_locs)
+        req_keys = keys.select(req.key_rows)
         attn_r, topk_r = attend_request(
             cfg,
             proj.rows(req.local_rows),
             req.positions,
-            keys.latent,
-            keys.index_k,
-            keys.index_k_scale,
+            req_keys.latent,
+            req_keys.index_k,
+            req_keys.index_k_scale,
         )
         attn[req.local_rows] = attn_r
         topk[req.local_rows] = topk_r
@@ -197,14 +223,6 @@ def collect_narrow_last_token(engine: CPEngine, hidden: Tensor, layout: BatchLay
     return gathered[layout.last_token_ranks, torch.arange(bs)]
 
 
-WRITERS: dict[KvWriteStrategy, Callable[[CPEngine, int, BatchLayout, KVRows], None]] = {
-    KvWriteStrategy.REPLICATED: write_replicated,
-}
-READERS: dict[
-    KvReadStrategy, Callable[[CPEngine, int, Projections, BatchLayout], tuple[Tensor, Tensor]]
-] = {
-    KvReadStrategy.LOCAL_POOL: read_local_pool,
-}
 COLLECTORS: dict[OutputStrategy, Callable[[CPEngine, Tensor, BatchLayout], Tensor]] = {
     OutputStrategy.FULL_GATHER: collect_full_gather,
     OutputStrategy.NARROW_LAST_TOKEN: collect_narrow_last_token,

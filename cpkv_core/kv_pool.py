@@ -21,6 +21,10 @@ class KVRows:
     def __len__(self) -> int:
         return int(self.latent.shape[0])
 
+    def select(self, index: Tensor) -> KVRows:
+        """The rows at ``index [m]``."""
+        return KVRows(self.latent[index], self.index_k[index], self.index_k_scale[index])
+
 
 def index_k_torch_dtype(dtype: IndexKDtype) -> torch.dtype:
     """The torch dtype that stores index K for ``dtype``."""
@@ -40,11 +44,13 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: IndexKDtype, latent_itemsize: in
     return cfg.kv_dim * latent_itemsize + cfg.index_head_dim * index_itemsize + 4
 
 
-class ReplicatedKVPool:
-    """A paged KV pool holding every logical loc: the phase-0 layout, one full copy per rank.
+class PagedKVPool:
+    """One rank's paged KV storage: per layer, token rows of latent KV, index K and scale.
 
-    Invariant: row ``loc`` of each layer's tensors holds the KV of logical loc ``loc``;
-    ``num_locs = num_pages * page_size``.
+    Replicated (phase 0 and 1): ``num_pages`` is the whole logical space and row ``loc``
+    holds logical loc ``loc``. Sharded (phase >= 2): ``num_pages`` is the rank's physical
+    pages and row ``physical_loc(loc)`` holds an owned logical loc (``ownership``).
+    Invariant: ``rows = num_pages * page_size`` per layer.
     """
 
     def __init__(
@@ -83,14 +89,13 @@ class ReplicatedKVPool:
         """Bytes that ``num_pages`` pages occupy across all layers."""
         return num_pages * self.page_size * self.bytes_per_token
 
-    def write(self, layer: int, locs: Tensor, rows: KVRows) -> None:
-        """Stores ``rows`` at logical ``locs [n]`` of ``layer``."""
+    def write(self, layer: int, rows_index: Tensor, rows: KVRows) -> None:
+        """Stores ``rows`` at token rows ``rows_index [n]`` of ``layer``."""
         pool = self.layers[layer]
-        pool.latent[locs] = rows.latent
-        pool.index_k[locs] = rows.index_k
-        pool.index_k_scale[locs] = rows.index_k_scale
+        pool.latent[rows_index] = rows.latent
+        pool.index_k[rows_index] = rows.index_k
+        pool.index_k_scale[rows_index] = rows.index_k_scale
 
-    def read(self, layer: int, locs: Tensor) -> KVRows:
-        """Gathers the KV at logical ``locs [n]`` of ``layer``."""
-        pool = self.layers[layer]
-        return KVRows(pool.latent[locs], pool.index_k[locs], pool.index_k_scale[locs])
+    def read(self, layer: int, rows_index: Tensor) -> KVRows:
+        """Gathers token rows ``rows_index [n]`` of ``layer``."""
+        return self.layers[layer].select(rows_index)

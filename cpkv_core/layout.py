@@ -1,13 +1,16 @@
 """Host-side metadata of one batch on one rank: built once per batch, before tensor work.
 
 This is the "plan" half of plan/run: Python ints in, a few index tensors out, one copy to
-the device. Nothing here touches KV or calls a collective.
+the device. Every strategy is reduced here to index tables (which rows to write where,
+which rows to send, where each request's keys are), so the run step is plain gathers and
+scatters with shapes fixed by host metadata.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from itertools import accumulate
 
 import torch
@@ -15,16 +18,52 @@ from torch import Tensor
 
 from cpkv_core.allocator import PageAllocator
 from cpkv_core.batch import BatchSpec
+from cpkv_core.ownership import owner_of_loc, physical_loc
+from cpkv_core.plan import ExecutionPlan, KvReadStrategy, KvWriteStrategy
+from cpkv_core.remap import ViewPlan, reuse_key_rows, slot_view_plan, unique_view_plan
 from cpkv_core.split import SplitMetadata
+
+
+def int_tensor(values: Sequence[int]) -> Tensor:
+    """An int64 tensor of host ints."""
+    return torch.tensor(values, dtype=torch.int64)
+
+
+class KeySource(StrEnum):
+    """The buffer a request's keys are gathered from."""
+
+    POOL = "pool"
+    """The rank's own pool (replicated layout)."""
+    VIEW = "view"
+    """The materialized view gathered from the page owners."""
+    CURRENT = "current"
+    """The batch-order all-gathered current chunk."""
+
+
+@dataclass(frozen=True, slots=True)
+class WritePlan:
+    """Which rows of the current chunk this rank stores, and where in its pool."""
+
+    source_index: Tensor  # [m] rows of the gathered current chunk (batch order)
+    dest_rows: Tensor  # [m] rows of this rank's pool
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPlan:
+    """Where keys come from; for a view, which pool rows this rank sends into it."""
+
+    source: KeySource
+    view: ViewPlan | None = None
+    send_rows: Tensor | None = None  # [max_pages * page_size] pool rows; padding reads row 0
 
 
 @dataclass(frozen=True, slots=True)
 class RequestRows:
-    """Where one request's tokens sit on this rank."""
+    """Where one request's queries sit on this rank and where its keys are."""
 
     local_rows: Tensor  # [m] rows of this rank's local tokens that belong to the request
     positions: Tensor  # [m] their logical positions
-    key_locs: Tensor  # [seq_len] logical locs of positions 0..seq_len-1 (req_to_token)
+    key_rows: Tensor  # [seq_len] row of each logical position 0..seq_len-1 in the key source
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +81,62 @@ class BatchLayout:
     local_last_rows: Tensor  # [m] local rows holding a request's last token
     local_last_requests: Tensor  # [m] the request index of each of those rows
     requests: tuple[RequestRows, ...]  # only requests with tokens on this rank
+    write: WritePlan
+    read: ReadPlan
 
 
-def _int_tensor(values: Sequence[int]) -> Tensor:
-    return torch.tensor(values, dtype=torch.int64)
+def build_write_plan(
+    strategy: KvWriteStrategy, current_locs: Sequence[int], rank: int, cp_size: int, page_size: int
+) -> WritePlan:
+    """Replicated: every current token at its logical loc. Owner-filtered: only owned tokens,
+    at their physical rows."""
+    if strategy is KvWriteStrategy.REPLICATED:
+        return WritePlan(int_tensor(range(len(current_locs))), int_tensor(current_locs))
+    owned = [
+        g for g, loc in enumerate(current_locs) if owner_of_loc(loc, page_size, cp_size) == rank
+    ]
+    dest = [physical_loc(current_locs[g], page_size, cp_size) for g in owned]
+    return WritePlan(int_tensor(owned), int_tensor(dest))
+
+
+def build_read_plan(
+    strategy: KvReadStrategy,
+    batch: BatchSpec,
+    allocator: PageAllocator,
+    rank: int,
+    cp_size: int,
+) -> tuple[ReadPlan, list[tuple[int, ...]]]:
+    """The read plan and, per request, the rows of its keys in the plan's source."""
+    rids = [req.rid for req in batch.requests]
+    if strategy is KvReadStrategy.LOCAL_POOL:
+        return ReadPlan(KeySource.POOL), [allocator.req_to_token(rid) for rid in rids]
+    if strategy is KvReadStrategy.CURRENT_REUSE:
+        if batch.has_history:
+            raise RuntimeError(
+                f"batch {batch.batch}: current reuse got a request with history, indicates a "
+                "bug in the gate (HAS_HISTORY must fall back)"
+            )
+        return ReadPlan(KeySource.CURRENT), list(reuse_key_rows(batch.extend_lens))
+    build = slot_view_plan if strategy is KvReadStrategy.MATERIALIZED_SLOT else unique_view_plan
+    page_size = allocator.page_size
+    view = build(
+        [allocator.page_table(rid) for rid in rids],
+        [req.seq_len for req in batch.requests],
+        page_size,
+        cp_size,
+    )
+    send_rows = [
+        (page // cp_size) * page_size + offset
+        for page in view.pages_by_owner[rank]
+        for offset in range(page_size)
+    ]
+    send_rows += [0] * (view.max_pages * page_size - len(send_rows))
+    return ReadPlan(KeySource.VIEW, view, int_tensor(send_rows)), list(view.key_rows)
 
 
 def build_layout(
     batch: BatchSpec,
+    plan: ExecutionPlan,
     split: SplitMetadata,
     rank: int,
     token_ids: Sequence[Sequence[int]],
@@ -60,18 +147,25 @@ def build_layout(
     Args:
         token_ids: per request, the token ids of its current tokens.
     """
+    cp_size, page_size = split.cp_size, allocator.page_size
     positions = [p for req in batch.requests for p in range(req.prefix_len, req.seq_len)]
     flat_token_ids = [t for ids in token_ids for t in ids]
     request_of_token = [i for i, req in enumerate(batch.requests) for _ in range(req.extend_len)]
+    current_locs = [
+        loc
+        for req in batch.requests
+        for loc in allocator.locs(req.rid, req.prefix_len, req.seq_len)
+    ]
+    read, key_rows = build_read_plan(plan.kv_read, batch, allocator, rank, cp_size)
     local = split.local_token_indices[rank]
     rows_of_request: dict[int, list[int]] = {}
     for row, g in enumerate(local):
         rows_of_request.setdefault(request_of_token[g], []).append(row)
     requests = tuple(
         RequestRows(
-            local_rows=_int_tensor(rows),
-            positions=_int_tensor([positions[local[row]] for row in rows]),
-            key_locs=_int_tensor(allocator.req_to_token(batch.requests[index].rid)),
+            local_rows=int_tensor(rows),
+            positions=int_tensor([positions[local[row]] for row in rows]),
+            key_rows=int_tensor(key_rows[index]),
         )
         for index, rows in sorted(rows_of_request.items())
     )
@@ -79,21 +173,18 @@ def build_layout(
     owner_of_token = split.owner_of_token()
     row_of_token = {g: row for row, g in enumerate(local)}
     local_last = [(row_of_token[g], i) for i, g in enumerate(last_tokens) if g in row_of_token]
-    current_locs = [
-        loc
-        for req in batch.requests
-        for loc in allocator.locs(req.rid, req.prefix_len, req.seq_len)
-    ]
     return BatchLayout(
         split=split,
-        local_token_indices=_int_tensor(local),
-        local_token_ids=_int_tensor([flat_token_ids[g] for g in local]),
-        local_positions=_int_tensor([positions[g] for g in local]),
-        current_locs=_int_tensor(current_locs),
-        gather_index=_int_tensor(split.gather_index()),
-        last_token_indices=_int_tensor(last_tokens),
-        last_token_ranks=_int_tensor([owner_of_token[g] for g in last_tokens]),
-        local_last_rows=_int_tensor([row for row, _ in local_last]),
-        local_last_requests=_int_tensor([i for _, i in local_last]),
+        local_token_indices=int_tensor(local),
+        local_token_ids=int_tensor([flat_token_ids[g] for g in local]),
+        local_positions=int_tensor([positions[g] for g in local]),
+        current_locs=int_tensor(current_locs),
+        gather_index=int_tensor(split.gather_index()),
+        last_token_indices=int_tensor(last_tokens),
+        last_token_ranks=int_tensor([owner_of_token[g] for g in last_tokens]),
+        local_last_rows=int_tensor([row for row, _ in local_last]),
+        local_last_requests=int_tensor([i for _, i in local_last]),
         requests=requests,
+        write=build_write_plan(plan.kv_write, current_locs, rank, cp_size, page_size),
+        read=read,
     )

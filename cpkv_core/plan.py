@@ -27,6 +27,8 @@ class KvWriteStrategy(StrEnum):
 
     REPLICATED = "replicated"
     """Every rank writes every current token into its full pool."""
+    OWNER_FILTERED = "owner-filtered"
+    """After the all-gather, each rank writes only the tokens of pages it owns."""
 
 
 class KvReadStrategy(StrEnum):
@@ -34,6 +36,21 @@ class KvReadStrategy(StrEnum):
 
     LOCAL_POOL = "local-pool"
     """The rank's own full (replicated) pool."""
+    MATERIALIZED_SLOT = "materialized-slot"
+    """A per-call view gathered from the page owners, one slot per page-table entry."""
+    MATERIALIZED_UNIQUE = "materialized-unique"
+    """A per-call view gathered from the page owners, one slot per distinct page."""
+    CURRENT_REUSE = "current-reuse"
+    """The already all-gathered current chunk; only for batches without history."""
+
+
+class KvLayout(StrEnum):
+    """How persistent KV is laid out across CP ranks; fixed for an engine's lifetime."""
+
+    REPLICATED = "replicated"
+    """Every rank stores every logical page."""
+    SHARDED = "sharded"
+    """Each rank stores the pages it owns (``page % cp_size``)."""
 
 
 class OutputStrategy(StrEnum):
@@ -53,6 +70,13 @@ class ExecutionPlan:
     kv_write: KvWriteStrategy
     kv_read: KvReadStrategy
     output: OutputStrategy
+
+    @property
+    def kv_layout(self) -> KvLayout:
+        """The persistent layout the write strategy stores into."""
+        if self.kv_write is KvWriteStrategy.REPLICATED:
+            return KvLayout.REPLICATED
+        return KvLayout.SHARDED
 
     @classmethod
     def baseline(cls, cp_mode: CpMode) -> ExecutionPlan:

@@ -11,7 +11,7 @@ import torch
 from cpkv_core.allocator import PageAllocator
 from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import IndexKDtype, ModelConfig
-from cpkv_core.kv_pool import KVRows, ReplicatedKVPool
+from cpkv_core.kv_pool import KVRows, PagedKVPool
 from cpkv_core.model import (
     ModelWeights,
     attend_request,
@@ -40,7 +40,7 @@ class ReferenceModel:
         self.index_k_dtype = index_k_dtype
         self.weights = weights if weights is not None else init_weights(cfg)
         self.allocator = PageAllocator(num_pages, page_size)
-        self.pool = ReplicatedKVPool(cfg, num_pages, page_size, index_k_dtype)
+        self.pool = PagedKVPool(cfg, num_pages, page_size, index_k_dtype)
         self.ledger = TokenLedger()
 
     def run_batch(self, batch: BatchSpec) -> BatchOutput:

@@ -69,7 +69,7 @@ class Gate:
                 active.add(pid)
                 plan = self.registry[pid].contribute(plan)
             decisions.append(PhaseDecision(pid, not reasons, tuple(str(r) for r in reasons)))
-        return BatchPlan(max(active, default=0), plan, tuple(decisions))
+        return BatchPlan(int(max(active, default=0)), plan, tuple(decisions))
 
     def _reasons(self, pid: PhaseId, batch: BatchSpec, active: set[PhaseId]) -> list[Reason]:
         phase = self.registry.get(pid)

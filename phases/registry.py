@@ -5,7 +5,11 @@ from __future__ import annotations
 from phases.base import Phase
 from phases.ids import PhaseId
 from phases.p1_narrow_output import NarrowOutput
+from phases.p2_sharded_kv import ShardedKV
+from phases.p3_current_reuse import CurrentReuse
 
 REGISTERED_PHASES: dict[PhaseId, Phase] = {
     PhaseId.NARROW_OUTPUT: NarrowOutput(),
+    PhaseId.SHARDED_KV: ShardedKV(),
+    PhaseId.CURRENT_REUSE: CurrentReuse(),
 }

@@ -7,10 +7,9 @@ import torch
 
 from cpkv.runner import Backend
 from cpkv.verify import verify_levels
-from cpkv_core import engine as engine_mod
+from cpkv_core import layout as layout_mod
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
-from cpkv_core.plan import KvReadStrategy
 from cpkv_core.trace import parse_trace_text
 from phases.gate import BatchPlan, level_plans
 from tests.conftest import make_deploy, mixed_trace
@@ -62,15 +61,14 @@ def test_topk_is_selective_on_long_requests() -> None:
 
 
 def test_verify_detects_a_stale_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A read strategy that misses a request's newest key must fail verification."""
-    original = engine_mod.READERS[KvReadStrategy.LOCAL_POOL]
+    """A read plan that points a request's newest key at its oldest must fail verification."""
+    original = layout_mod.build_read_plan
 
-    def read_with_stale_key(engine, layer, proj, layout):  # type: ignore[no-untyped-def]
-        for req in layout.requests:
-            req.key_locs[-1] = req.key_locs[0]
-        return original(engine, layer, proj, layout)
+    def stale_last_key(*args, **kwargs):  # type: ignore[no-untyped-def]
+        plan, key_rows = original(*args, **kwargs)
+        return plan, [rows[:-1] + rows[:1] for rows in key_rows]
 
-    monkeypatch.setitem(engine_mod.READERS, KvReadStrategy.LOCAL_POOL, read_with_stale_key)
+    monkeypatch.setattr(layout_mod, "build_read_plan", stale_last_key)
     deploy = make_deploy(2, 4)
     batches = mixed_trace(4).batches
     report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)

@@ -1,0 +1,54 @@
+"""Phase 2, sharded KV: each rank stores only the pages it owns.
+
+Persistent MLA latent KV and index K/scale are sharded by page ownership
+(``owner = page % cp_size``, local physical page ``page // cp_size``): after the current
+chunk's all-gather each rank writes only the tokens of pages it owns. Kernels keep reading a
+full view: every batch materializes the pages its requests read from their owners (slot
+remap, so the hot path has no data-dependent shapes). There is no per-batch fallback: once
+the layout is on, KV at rest is sharded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cpkv_core.batch import BatchSpec
+from cpkv_core.config import DeploymentConfig, TransferBackend
+from cpkv_core.plan import ExecutionPlan, KvReadStrategy, KvWriteStrategy
+from phases.ids import PhaseId
+from phases.reasons import Reason
+
+
+class ShardedKVStartup(BaseModel):
+    """Sharded KV needs a decode side that can rebuild the full layout from owned pages."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    decode_cp_size: Literal[1] = Field(
+        description="the decode server must not be CP: it rebuilds the full layout"
+    )
+    """The decode server's CP size; must be 1 (it rebuilds the full layout itself)."""
+    pd_backend: Literal[TransferBackend.MOONCAKE] | None
+    """PD transfer engine: Mooncake (owned-page transfer with logical positions) or no PD."""
+
+
+class ShardedKV:
+    """Phase 2; see the module docstring."""
+
+    id: PhaseId = PhaseId.SHARDED_KV
+    needs: tuple[PhaseId, ...] = ()
+    startup_contract: type[BaseModel] = ShardedKVStartup
+    summary: str = "shard MLA KV and index K/scale by page owner; read through a full view"
+
+    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
+        """Never refuses a batch: KV at rest is sharded once the layout is on."""
+        return []
+
+    def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:
+        """Owner-filtered writes and slot-remapped full-view reads."""
+        return dataclasses.replace(
+            plan, kv_write=KvWriteStrategy.OWNER_FILTERED, kv_read=KvReadStrategy.MATERIALIZED_SLOT
+        )

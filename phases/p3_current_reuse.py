@@ -1,0 +1,46 @@
+"""Phase 3, current reuse: current-only batches skip materialization.
+
+When no request of a batch has history, every key a query reads is a current token, which
+the all-gather already put on every rank in batch order. The MLA and indexer reads then use
+that buffer, remapping each request's logical positions to compact rows, and no view is
+built. Batches with any history keep phase 2's materialized reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pydantic import BaseModel, ConfigDict
+
+from cpkv_core.batch import BatchSpec
+from cpkv_core.config import DeploymentConfig
+from cpkv_core.plan import ExecutionPlan, KvReadStrategy
+from phases.ids import PhaseId
+from phases.reasons import Reason, ReasonCode
+
+
+class CurrentReuseStartup(BaseModel):
+    """Current reuse adds no start-up condition to phase 2's: any split, any page size."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CurrentReuse:
+    """Phase 3; see the module docstring."""
+
+    id: PhaseId = PhaseId.CURRENT_REUSE
+    needs: tuple[PhaseId, ...] = (PhaseId.SHARDED_KV,)
+    startup_contract: type[BaseModel] = CurrentReuseStartup
+    summary: str = "current-only batches read the gathered chunk and skip materialization"
+
+    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
+        """Refuses every request that has history, with its prefix length."""
+        return [
+            Reason(ReasonCode.HAS_HISTORY, f"rid={req.rid} prefix_len={req.prefix_len}")
+            for req in batch.requests
+            if req.prefix_len > 0
+        ]
+
+    def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:
+        """Reads keys from the gathered current chunk."""
+        return dataclasses.replace(plan, kv_read=KvReadStrategy.CURRENT_REUSE)
