@@ -10,7 +10,7 @@ import torch
 
 from cpkv_core.allocator import pages_needed_for_trace
 from cpkv_core.batch import BatchSpec
-from cpkv_core.comm import Communicator, run_local
+from cpkv_core.comm import Communicator, new_group_communicator, run_local
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.engine import CPEngine
 from cpkv_core.launch import ProgressEvent, report_progress, spawn_group
@@ -98,9 +98,60 @@ def _run_job(
     return results
 
 
-def run_rank(comm: Communicator, job: RankJob) -> list[list[RankBatchOutput]]:
-    """Entry point of a spawned rank: runs the job and streams progress to the parent."""
-    return _run_job(comm, job, report_progress)
+def run_jobs_rank(
+    comm: Communicator, jobs: tuple[RankJob, ...]
+) -> list[list[list[RankBatchOutput]] | None]:
+    """Entry point of a spawned rank: runs every job on the first ``cp_size`` ranks of the
+    group (a subgroup when smaller), streaming progress to the parent; None where this rank
+    is not in a job's group."""
+    results: list[list[list[RankBatchOutput]] | None] = []
+    for job in jobs:
+        cp_size = job.deploy.cp_size
+        if cp_size == comm.world_size:
+            member: Communicator | None = comm
+        else:
+            member = new_group_communicator(range(cp_size))
+        results.append(_run_job(member, job, report_progress) if member is not None else None)
+    return results
+
+
+def _level_runs(job: RankJob, per_rank: Sequence[list[list[RankBatchOutput]]]) -> list[LevelRun]:
+    runs = []
+    for run in range(len(job.plans_by_level)):
+        by_batch = tuple(
+            tuple(per_rank[rank][run][i] for rank in range(job.deploy.cp_size))
+            for i in range(len(job.batches))
+        )
+        outputs = tuple(
+            merge_rank_outputs(batch, pieces)
+            for batch, pieces in zip(job.batches, by_batch, strict=True)
+        )
+        runs.append(LevelRun(outputs, by_batch))
+    return runs
+
+
+def run_jobs_on_gloo(
+    jobs: Sequence[RankJob],
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    timeout_s: float = 600.0,
+) -> list[list[LevelRun]]:
+    """Runs every job in ONE spawned gloo group sized for the largest job; smaller jobs run
+    on subgroups. Returns each job's level runs."""
+
+    def forward(event: object) -> None:
+        if on_progress is not None and isinstance(event, ProgressEvent):
+            assert isinstance(event.message, BatchProgress), event
+            on_progress(event.message)
+
+    world_size = max(job.deploy.cp_size for job in jobs)
+    per_rank = spawn_group(
+        world_size, run_jobs_rank, (tuple(jobs),), timeout_s=timeout_s, on_progress=forward
+    )
+    runs = []
+    for index, job in enumerate(jobs):
+        pieces = [per_rank[rank][index] for rank in range(job.deploy.cp_size)]
+        runs.append(_level_runs(job, [p for p in pieces if p is not None]))
+    return runs
 
 
 def run_levels(
@@ -110,29 +161,11 @@ def run_levels(
     timeout_s: float = 600.0,
 ) -> list[LevelRun]:
     """Runs ``job`` on ``job.deploy.cp_size`` ranks: one ``LevelRun`` per plans_by_level entry."""
-    cp_size = job.deploy.cp_size
     if backend is Backend.GLOO:
-
-        def forward(event: object) -> None:
-            if on_progress is not None and isinstance(event, ProgressEvent):
-                assert isinstance(event.message, BatchProgress), event
-                on_progress(event.message)
-
-        per_rank = spawn_group(cp_size, run_rank, (job,), timeout_s=timeout_s, on_progress=forward)
-    else:
-        per_rank = run_local(cp_size, lambda comm: _run_job(comm, job, on_progress), timeout_s)
-    runs = []
-    for run in range(len(job.plans_by_level)):
-        by_batch = tuple(
-            tuple(per_rank[rank][run][i] for rank in range(cp_size))
-            for i in range(len(job.batches))
-        )
-        outputs = tuple(
-            merge_rank_outputs(batch, pieces)
-            for batch, pieces in zip(job.batches, by_batch, strict=True)
-        )
-        runs.append(LevelRun(outputs, by_batch))
-    return runs
+        return run_jobs_on_gloo([job], on_progress, timeout_s)[0]
+    cp_size = job.deploy.cp_size
+    per_rank = run_local(cp_size, lambda comm: _run_job(comm, job, on_progress), timeout_s)
+    return _level_runs(job, per_rank)
 
 
 def run_reference(job: RankJob) -> list[BatchOutput]:

@@ -87,7 +87,10 @@ def check_flags(flags: FlagSet) -> list[Problem]:
     """
     problems = _value_problems(flags) + _combination_problems(flags)
     if not any(p.code in _SIZE_CODES for p in problems):
-        problems += _contract_problems(flags)
+        # NOTE: a named combination problem (e.g. SHARED_KV_WITH_CP_DECODE) restates the
+        # phase's own contract in flag terms; report each cause once, by its flag name.
+        named = {dict(p.values).get("phase") for p in problems}
+        problems += [p for p in _contract_problems(flags) if dict(p.values)["phase"] not in named]
     return problems
 
 

@@ -11,7 +11,8 @@ from cpkv_core import layout as layout_mod
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
 from cpkv_core.trace import parse_trace_text
-from phases.gate import BatchPlan, level_plans
+from phases.gate import BatchPlan, level_plans, levels_of
+from phases.registry import REGISTERED_PHASES
 from tests.conftest import make_deploy, mixed_trace
 
 TINY = model_preset("tiny")
@@ -26,13 +27,18 @@ def baseline(
 @pytest.mark.parametrize("cp_mode", list(CpMode))
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("cp_size", [1, 2, 3, 4])
-def test_phase0_matches_reference_bitwise(cp_size: int, page_size: int, cp_mode: CpMode) -> None:
+def test_every_level_matches_reference_bitwise(
+    cp_size: int, page_size: int, cp_mode: CpMode
+) -> None:
     deploy = make_deploy(cp_size, page_size, cp_mode)
     batches = mixed_trace(page_size).batches
-    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
-    rows = report.levels[0].rows
-    assert [r.comparison.topk_mismatches for r in rows] == [0] * len(batches)
-    assert [r.comparison.max_abs_diff for r in rows] == [0.0] * len(batches)
+    enabled = frozenset(REGISTERED_PHASES)
+    levels = {lv: level_plans(lv, enabled, deploy, batches) for lv in levels_of(enabled)}
+    report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL)
+    for level in report.levels:
+        rows = level.rows
+        assert [r.comparison.topk_mismatches for r in rows] == [0] * len(batches), level.level
+        assert [r.comparison.max_abs_diff for r in rows] == [0.0] * len(batches), level.level
     assert report.ok
 
 
