@@ -13,6 +13,17 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
+from cpkv.bench_kv import (
+    KvShare,
+    MaterializedBytes,
+    RemapCost,
+    StepTime,
+    bench_kv_share,
+    bench_remaps,
+    bench_step_time,
+    materialized_bytes,
+)
+from cpkv.builtin_trace import demo_trace
 from cpkv.runner import Backend, RankJob, num_pages_for, run_levels
 from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
@@ -106,15 +117,70 @@ class BenchReport:
 
     gate: list[GateTiming]
     tail_bytes: list[TailBytes]
+    kv_share: list[KvShare]
+    materialized: list[MaterializedBytes]
+    remaps: list[RemapCost]
+    step_time: list[StepTime]
+    step_time_cp_size: int
+    warnings: list[str]
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of ``cpkv bench --json``."""
         return {
+            "warnings": self.warnings,
             "gate": [asdict(row) for row in self.gate],
             "tail_bytes": [asdict(row) | {"ratio": row.ratio} for row in self.tail_bytes],
+            "kv_share": [
+                asdict(row)
+                | {
+                    "max_fraction": row.max_fraction,
+                    "target_fraction": 1 / row.cp_size,
+                    "within_target": row.within_target,
+                }
+                for row in self.kv_share
+            ],
+            "materialized": [asdict(row) for row in self.materialized],
+            "remaps": [asdict(row) for row in self.remaps],
+            "step_time": {
+                "cp_size": self.step_time_cp_size,
+                "backend": "gloo",
+                "levels": [asdict(row) for row in self.step_time],
+            },
         }
 
 
-def run_bench(model: ModelConfig, deploy: DeploymentConfig) -> BenchReport:
-    """Runs every figure."""
-    return BenchReport(gate=bench_gate(deploy), tail_bytes=bench_tail_bytes(model))
+def run_bench(
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    repeats: int = 3,
+    warnings: Sequence[str] = (),
+    debug_checks: bool = False,
+    on_step: Callable[[str], None] | None = None,
+) -> BenchReport:
+    """Runs every figure; ``on_step`` hears the name of each figure as it starts."""
+
+    def step(name: str) -> None:
+        if on_step is not None:
+            on_step(name)
+
+    batches = demo_trace(deploy.page_size).batches
+    step("gate decision time")
+    gate = bench_gate(deploy)
+    step("phase-1 tail bytes")
+    tail = bench_tail_bytes(model)
+    step("per-rank KV bytes, cp 2/4/8")
+    share = bench_kv_share(model, batches, deploy.page_size, (2, 4, 8))
+    step("slot vs unique remap")
+    remaps = bench_remaps(model, repeats=max(5, 5 * repeats))
+    step(f"step time on {deploy.cp_size} gloo ranks")
+    times, runs = bench_step_time(model, deploy, batches, (0, 2, 3), repeats, debug_checks)
+    return BenchReport(
+        gate=gate,
+        tail_bytes=tail,
+        kv_share=share,
+        materialized=materialized_bytes(runs[1:], batches),
+        remaps=remaps,
+        step_time=times,
+        step_time_cp_size=deploy.cp_size,
+        warnings=list(warnings),
+    )

@@ -6,7 +6,6 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cpkv import flag_commands, plan_command
 from cpkv.bench import run_bench
+from cpkv.builtin_trace import demo_trace
 from cpkv.explain import explain_trace
 from cpkv.phase_table import phase_rows
 from cpkv.report import render_bench, render_explain, render_phases, render_verify_table
@@ -25,7 +25,8 @@ from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
-from cpkv_core.trace import Trace, load_trace, parse_trace_text
+from cpkv_core.trace import Trace, load_trace
+from flags import debug_benchmark_warning, resolve_flags
 from phases.gate import level_plans, levels_of
 from phases.registry import REGISTERED_PHASES
 
@@ -37,8 +38,6 @@ app = typer.Typer(
 )
 out = Console()
 err = Console(stderr=True)
-
-DEMO_TRACE = "data/demo_trace.jsonl"
 
 TraceArg = Annotated[Path, typer.Argument(metavar="TRACE", help="Trace file (JSON Lines).")]
 ConfigOpt = Annotated[
@@ -112,8 +111,9 @@ def _run_verify(
         lv: level_plans(lv, settings.enabled, deploy, trace.batches, settings.ceiling)
         for lv in levels_of(settings.enabled)
     }
+    debug = settings.debug_checks
     if not show_progress:
-        return verify_levels(model, deploy, trace.batches, levels, backend)
+        return verify_levels(model, deploy, trace.batches, levels, backend, debug_checks=debug)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -127,7 +127,7 @@ def _run_verify(
         def advance(_: BatchProgress) -> None:
             progress.advance(task)
 
-        return verify_levels(model, deploy, trace.batches, levels, backend, on_progress=advance)
+        return verify_levels(model, deploy, trace.batches, levels, backend, advance, debug)
 
 
 @app.command()
@@ -190,14 +190,33 @@ def phases_command(
 
 @app.command()
 def bench(
-    cp_size: Annotated[int, typer.Option("--cp-size", help="CP size for gate timing.")] = 4,
-    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per page.")] = 64,
+    cp_size: Annotated[
+        int, typer.Option("--cp-size", help="CP ranks for gate timing and the gloo step time.")
+    ] = 4,
+    page_size: Annotated[int, typer.Option("--page-size", help="Tokens per KV page.")] = 64,
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, help="Timed rounds per figure, after a warm-up.")
+    ] = 3,
+    config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Performance figures, measured side by side in one run (bytes exact, times medians)."""
+    """Performance figures, measured side by side in one run: bytes counted exactly, times as
+    medians after a warm-up, headline figures as ratios."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
-    report = run_bench(model_preset("tiny"), deploy)
+        flags = resolve_flags(config).flags
+    warning = debug_benchmark_warning(flags)
+    if warning:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+    with err.status("bench") as status:
+        report = run_bench(
+            model_preset("tiny"),
+            deploy,
+            repeats,
+            warnings=[warning] if warning else [],
+            debug_checks=flags.debug_cp_shared_kv,
+            on_step=lambda name: status.update(f"bench: {name}"),
+        )
     emit(as_json, report.to_json(), lambda: render_bench(out, report))
 
 
@@ -215,8 +234,7 @@ def demo(
     phase on, on a real gloo group, each level verified against the reference."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=page_size)
-        text = files("cpkv").joinpath(DEMO_TRACE).read_text()
-        trace = parse_trace_text(text, page_size, source=f"cpkv/{DEMO_TRACE}")
+        trace = demo_trace(page_size)
     settings = RunSettings(deploy, frozenset(REGISTERED_PHASES), None, False)
     if not as_json:
         tokens = sum(b.num_tokens for b in trace.batches)

@@ -145,3 +145,50 @@ def render_bench(console: Console, report: BenchReport) -> None:
             f"{row.ratio:.4f}",
         )
     console.print(tail)
+    share = Table(title="phase 2: persistent KV per rank after the demo trace")
+    for name in (
+        "cp_size",
+        "replicated",
+        "sharded (max rank)",
+        "fraction",
+        "1/cp",
+        "within 1 page/req",
+    ):
+        share.add_column(name, justify="right")
+    for kv in report.kv_share:
+        share.add_row(
+            str(kv.cp_size),
+            human_bytes(kv.replicated_bytes),
+            human_bytes(max(kv.sharded_bytes_by_rank)),
+            f"{kv.max_fraction:.3f}",
+            f"{1 / kv.cp_size:.3f}",
+            "yes" if kv.within_target else "[red]no[/red]",
+        )
+    console.print(share)
+    mat = Table(title="materialized bytes per batch, rank 0 (level 2 vs level 3)")
+    for name in ("batch", "history", "level 2", "level 3"):
+        mat.add_column(name, justify="right")
+    for m in report.materialized:
+        mat.add_row(
+            str(m.batch),
+            "yes" if m.has_history else "no",
+            human_bytes(m.level2_bytes),
+            human_bytes(m.level3_bytes),
+        )
+    console.print(mat)
+    remaps = Table(title="slot vs unique remap: view buffer (one layer) and plan+materialize time")
+    for name in ("batch", "remap", "view bytes", "us (median)"):
+        remaps.add_column(name, justify="right")
+    for r in report.remaps:
+        remaps.add_row(r.batch, r.remap, human_bytes(r.view_bytes), f"{r.microseconds:.0f}")
+    console.print(remaps)
+    steps = Table(
+        title=f"end-to-end prefill of the demo trace, {report.step_time_cp_size} gloo ranks"
+    )
+    for name in ("level", "seconds (median)", "ratio to level 0"):
+        steps.add_column(name, justify="right")
+    for t in report.step_time:
+        steps.add_row(str(t.level), f"{t.seconds:.3f}", f"{t.ratio_to_level0:.2f}")
+    console.print(steps)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")

@@ -129,6 +129,7 @@ def verify_levels(
     levels: Mapping[int, Sequence[BatchPlan]],
     backend: Backend,
     on_progress: Callable[[BatchProgress], None] | None = None,
+    debug_checks: bool = False,
 ) -> VerifyReport:
     """Runs ``batches`` once per level (the gate's plan per batch) in one group, and compares
     every run with the reference."""
@@ -139,6 +140,7 @@ def verify_levels(
         batches=batches,
         plans_by_level=tuple(tuple(p.plan for p in levels[lv]) for lv in ordered),
         num_pages=num_pages_for(batches, deploy.page_size, deploy.cp_size),
+        debug_checks=debug_checks,
     )
     reference = run_reference(job)
     runs = run_levels(job, backend, on_progress)

@@ -8,6 +8,7 @@ collects hidden states and every rank computes the last-token outputs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -106,6 +107,7 @@ class CPEngine:
 
     def run_batch(self, batch: BatchSpec, plan: ExecutionPlan) -> RankBatchOutput:
         """Runs one batch on this rank; every rank of the group must call it together."""
+        start = time.perf_counter()
         before = self._gathered_bytes()
         layout = self.prepare(batch, plan)
         hidden = embed(self.weights, layout.local_token_ids, layout.local_positions)
@@ -135,6 +137,7 @@ class CPEngine:
             logits=logits,
             gathered_bytes={tag: after[tag] - before.get(tag, 0) for tag in after},
             kv_bytes=self.pool.bytes_for_pages(self.stored_pages()),
+            seconds=time.perf_counter() - start,
         )
 
     def stored_pages(self) -> int:

@@ -89,6 +89,7 @@ class RankBatchOutput:
     logits: Tensor  # [bs, vocab]
     gathered_bytes: dict[str, int]  # bytes gathered by this rank in this batch, per tag
     kv_bytes: int  # persistent KV bytes in use on this rank after the batch
+    seconds: float  # wall time of the batch on this rank, host planning included
 
 
 def merge_rank_outputs(batch: BatchSpec, outputs: Sequence[RankBatchOutput]) -> BatchOutput:

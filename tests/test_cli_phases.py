@@ -115,11 +115,21 @@ def test_bad_phase_list_exits_2() -> None:
     assert "'7'" in result.stderr
 
 
-def test_bench_json_reports_gate_times_and_tail_bytes() -> None:
-    result = runner.invoke(app, ["bench", "--json"])
+def test_bench_json_reports_every_figure() -> None:
+    result = runner.invoke(app, ["bench", "--repeats", "1", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [g["bs"] for g in doc["gate"]] == [1, 32, 256]
     for row in doc["tail_bytes"]:
         assert row["narrow_bytes"] == row["cp_size"] * row["bs"] * 64 * 4
         assert row["narrow_bytes"] < row["full_gather_bytes"]
+    assert [row["cp_size"] for row in doc["kv_share"]] == [2, 4, 8]
+    assert all(row["within_target"] for row in doc["kv_share"])
+    for row in doc["materialized"]:
+        assert row["level2_bytes"] > 0
+        assert (row["level3_bytes"] == 0) == (not row["has_history"])
+    remaps = {(r["batch"], r["remap"]): r["view_bytes"] for r in doc["remaps"]}
+    shared = remaps["shared prefix", "materialized-unique"]
+    assert shared < remaps["shared prefix", "materialized-slot"]
+    assert [t["level"] for t in doc["step_time"]["levels"]] == [0, 2, 3]
+    assert doc["step_time"]["levels"][0]["ratio_to_level0"] == 1.0

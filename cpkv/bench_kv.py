@@ -1,0 +1,236 @@
+"""Sharded-KV figures for ``cpkv bench``: memory per rank, materialized bytes, slot vs unique
+remap, and end-to-end step time per level, each measured side by side in one run."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from cpkv.runner import Backend, LevelRun, RankJob, num_pages_for, run_jobs_on_gloo, run_levels
+from cpkv_core.batch import BatchSpec, RequestSpec
+from cpkv_core.comm import Communicator, run_local
+from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.engine import CPEngine
+from cpkv_core.kv_access import materialize
+from cpkv_core.kv_pool import kv_bytes_per_token
+from cpkv_core.layout import build_read_plan
+from cpkv_core.plan import ExecutionPlan, KvLayout, KvReadStrategy
+from phases.gate import level_plans
+from phases.ids import PhaseId
+
+SHARDING_PHASES = frozenset({PhaseId.SHARDED_KV, PhaseId.CURRENT_REUSE})
+
+
+def _job(
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    batches: Sequence[BatchSpec],
+    levels: Sequence[int],
+) -> RankJob:
+    plans = tuple(
+        tuple(p.plan for p in level_plans(lv, SHARDING_PHASES, deploy, batches)) for lv in levels
+    )
+    num_pages = num_pages_for(batches, deploy.page_size, deploy.cp_size)
+    return RankJob(model, deploy, tuple(batches), plans, num_pages)
+
+
+@dataclass(frozen=True, slots=True)
+class KvShare:
+    """Persistent KV per rank after a trace: replicated (level 0) vs sharded (level 2)."""
+
+    cp_size: int
+    requests: int
+    replicated_bytes: int
+    sharded_bytes_by_rank: tuple[int, ...]
+    page_bytes: int
+
+    @property
+    def max_fraction(self) -> float:
+        """Largest rank's sharded bytes over the replicated bytes."""
+        return max(self.sharded_bytes_by_rank) / self.replicated_bytes
+
+    @property
+    def within_target(self) -> bool:
+        """Every rank holds at most ``1/cp_size`` of the replicated bytes plus one page per
+        request."""
+        bound = self.replicated_bytes / self.cp_size + self.requests * self.page_bytes
+        return max(self.sharded_bytes_by_rank) <= bound
+
+
+def bench_kv_share(
+    model: ModelConfig, batches: Sequence[BatchSpec], page_size: int, cp_sizes: Sequence[int]
+) -> list[KvShare]:
+    """Runs ``batches`` at levels 0 and 2 per CP size on the in-process group."""
+    rows = []
+    requests = len({req.rid for batch in batches for req in batch.requests})
+    for cp_size in cp_sizes:
+        deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
+        replicated, sharded = run_levels(_job(model, deploy, batches, (0, 2)), Backend.LOCAL)
+        page_bytes = page_size * kv_bytes_per_token(model, deploy.index_k_dtype) * model.num_layers
+        rows.append(
+            KvShare(
+                cp_size=cp_size,
+                requests=requests,
+                replicated_bytes=replicated.rank_outputs[-1][0].kv_bytes,
+                sharded_bytes_by_rank=tuple(p.kv_bytes for p in sharded.rank_outputs[-1]),
+                page_bytes=page_bytes,
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class MaterializedBytes:
+    """Bytes one rank gathers to materialize views for one batch, at levels 2 and 3."""
+
+    batch: int
+    has_history: bool
+    level2_bytes: int
+    level3_bytes: int
+
+
+def materialized_bytes(
+    runs: Sequence[LevelRun], batches: Sequence[BatchSpec]
+) -> list[MaterializedBytes]:
+    """From level-2 and level-3 runs of ``batches`` (rank 0's counts)."""
+    level2, level3 = runs
+    return [
+        MaterializedBytes(
+            batch.batch,
+            batch.has_history,
+            level2.rank_outputs[i][0].gathered_bytes.get("materialize", 0),
+            level3.rank_outputs[i][0].gathered_bytes.get("materialize", 0),
+        )
+        for i, batch in enumerate(batches)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class RemapCost:
+    """View buffer bytes and plan + run time of one remap on one batch (rank 0)."""
+
+    batch: str
+    remap: str
+    view_bytes: int
+    microseconds: float
+
+
+def remap_batches(
+    requests: int = 8, history: int = 256, extend: int = 64
+) -> dict[str, tuple[BatchSpec, BatchSpec]]:
+    """(setup batch, measured batch) with and without a prefix shared by every request."""
+    own = (
+        BatchSpec(0, tuple(RequestSpec(f"s{i}", 0, history) for i in range(requests))),
+        BatchSpec(1, tuple(RequestSpec(f"s{i}", history, extend) for i in range(requests))),
+    )
+    shared = (
+        BatchSpec(0, (RequestSpec("src", 0, history),)),
+        BatchSpec(
+            1,
+            tuple(
+                RequestSpec(f"p{i}", history, extend, prefix_from="src") for i in range(requests)
+            ),
+        ),
+    )
+    return {"own history": own, "shared prefix": shared}
+
+
+def _measure_remaps(
+    comm: Communicator,
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    setup: BatchSpec,
+    measured: BatchSpec,
+    repeats: int,
+) -> list[tuple[str, int, float]]:
+    """On one rank: writes ``setup`` sharded, then times plan + materialize of ``measured``
+    under each remap; returns (remap, view bytes, median microseconds)."""
+    plans = [p.plan for p in level_plans(2, SHARDING_PHASES, deploy, [setup, measured])]
+    num_pages = num_pages_for([setup, measured], deploy.page_size, deploy.cp_size)
+    engine = CPEngine(model, deploy, comm, num_pages, KvLayout.SHARDED)
+    engine.run_batch(setup, plans[0])
+    engine.prepare(measured, plans[1])
+    per_token = kv_bytes_per_token(model, deploy.index_k_dtype)
+    strategies = (KvReadStrategy.MATERIALIZED_SLOT, KvReadStrategy.MATERIALIZED_UNIQUE)
+    samples: dict[KvReadStrategy, list[float]] = {s: [] for s in strategies}
+    view_tokens: dict[KvReadStrategy, int] = {}
+    # NOTE: the two remaps alternate within each round so drift hits both alike.
+    for _ in range(repeats + 3):
+        for strategy in strategies:
+            start = time.perf_counter()
+            plan, _ = build_read_plan(
+                strategy, measured, engine.allocator, comm.rank, deploy.cp_size
+            )
+            assert plan.send_rows is not None and plan.view is not None, "a view plan"
+            materialize(comm, engine.pool.layers[0], plan.send_rows)
+            samples[strategy].append(time.perf_counter() - start)
+            view_tokens[strategy] = plan.view.view_tokens
+    results = [
+        (str(s), view_tokens[s] * per_token, statistics.median(samples[s][3:]) * 1e6)
+        for s in strategies
+    ]
+    return results
+
+
+def bench_remaps(
+    model: ModelConfig, cp_size: int = 2, page_size: int = 16, repeats: int = 20
+) -> list[RemapCost]:
+    """Slot vs unique remap on batches with and without a shared prefix, side by side: view
+    buffer bytes (one layer) and plan + materialize time on rank 0 of an in-process group."""
+    deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
+    rows = []
+    for name, (setup, measured) in remap_batches().items():
+        measure = partial(
+            _measure_remaps,
+            model=model,
+            deploy=deploy,
+            setup=setup,
+            measured=measured,
+            repeats=repeats,
+        )
+        for remap, view_bytes, micros in run_local(cp_size, measure)[0]:
+            rows.append(RemapCost(name, remap, view_bytes, micros))
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """End-to-end prefill time of a trace at one level on a gloo group, median of repeats."""
+
+    level: int
+    seconds: float
+    ratio_to_level0: float
+
+
+def _trace_seconds(run: LevelRun) -> float:
+    """A trace's time: per batch the slowest rank, summed."""
+    return sum(max(p.seconds for p in pieces) for pieces in run.rank_outputs)
+
+
+def bench_step_time(
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    batches: Sequence[BatchSpec],
+    levels: Sequence[int],
+    repeats: int,
+    debug_checks: bool = False,
+) -> tuple[list[StepTime], list[LevelRun]]:
+    """Runs every level once to warm up, then ``repeats`` rounds of every level, interleaved,
+    in ONE gloo group. Returns the times and the last round's runs."""
+    one_round = _job(model, deploy, batches, levels).plans_by_level
+    plans: tuple[tuple[ExecutionPlan, ...], ...] = one_round * (repeats + 1)
+    num_pages = num_pages_for(batches, deploy.page_size, deploy.cp_size)
+    job = RankJob(model, deploy, tuple(batches), plans, num_pages, debug_checks)
+    runs = run_jobs_on_gloo([job])[0]
+    per_level = {
+        level: statistics.median(
+            _trace_seconds(runs[r * len(levels) + i]) for r in range(1, repeats + 1)
+        )
+        for i, level in enumerate(levels)
+    }
+    base = per_level[levels[0]]
+    times = [StepTime(level, s, s / base) for level, s in per_level.items()]
+    return times, runs[-len(levels) :]
