@@ -20,7 +20,13 @@ from cpkv.bench import run_bench
 from cpkv.builtin_trace import demo_trace
 from cpkv.explain import explain_trace
 from cpkv.phase_table import phase_rows
-from cpkv.report import render_bench, render_explain, render_phases, render_verify_table
+from cpkv.report import (
+    render_bench,
+    render_demo,
+    render_explain,
+    render_phases,
+    render_verify_table,
+)
 from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.verify import VerifyReport, verify_levels
@@ -244,7 +250,7 @@ def demo(
             f"phases {sorted(int(p) for p in settings.enabled)} on"
         )
     report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json)
-    emit(as_json, report.to_json(), lambda: render_verify_table(out, report, deploy))
+    emit(as_json, report.to_json(), lambda: render_demo(out, report, deploy))
     raise typer.Exit(0 if report.ok else 1)
 
 

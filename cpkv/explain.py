@@ -9,7 +9,7 @@ from typing import Any
 
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig
-from phases.gate import BatchPlan, Gate
+from phases.gate import BatchPlan, Gate, plan_trace
 from phases.ids import PhaseId
 
 
@@ -78,7 +78,5 @@ def explain_trace(
     ceiling: int | None = None,
 ) -> ExplainReport:
     """Runs the gate over ``batches``; touches no tensor."""
-    gate = Gate(enabled, deploy, ceiling)
-    return ExplainReport(
-        deploy, enabled, ceiling, tuple(batches), tuple(gate.plan(b) for b in batches)
-    )
+    plans = plan_trace(Gate(enabled, deploy, ceiling), batches)
+    return ExplainReport(deploy, enabled, ceiling, tuple(batches), plans)

@@ -58,6 +58,62 @@ def render_verify_table(console: Console, report: VerifyReport, deploy: Deployme
                 fallback_reasons(row.batch_plan),
             )
     console.print(table)
+    _verdict(console, report)
+
+
+def reason_codes(plan: BatchPlan) -> str:
+    """Compact fallback reasons: ``4 SHORT_REQUEST x2; 5 OWNER_MISMATCH``."""
+    parts = []
+    for d in plan.decisions:
+        if d.active or d.reasons == ("DISABLED",):
+            continue
+        codes: dict[str, int] = {}
+        for reason in d.reasons:
+            code = reason.split(" ", 1)[0]
+            codes[code] = codes.get(code, 0) + 1
+        parts.append(
+            f"{int(d.phase)} " + ", ".join(c if n == 1 else f"{c} x{n}" for c, n in codes.items())
+        )
+    return "; ".join(parts) or "-"
+
+
+def render_demo(console: Console, report: VerifyReport, deploy: DeploymentConfig) -> None:
+    """Per batch at the highest level: chosen phase, bytes gathered and KV per rank against
+    level 0, the largest difference over all levels, fallback reasons; then the verdict."""
+    base, top = report.levels[0], report.levels[-1]
+    table = Table(
+        title=f"cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size}: "
+        f"level 0 -> level {top.level}"
+    )
+    for name in ("batch", "tokens", "phase", "gathered/rank", "KV/rank", "max|diff|"):
+        table.add_column(name, justify="right")
+    table.add_column("fallback reasons")
+    for i, row in enumerate(top.rows):
+        rows = [level.rows[i] for level in report.levels]
+        table.add_row(
+            str(row.batch),
+            str(row.tokens),
+            str(row.batch_plan.phase),
+            f"{human_bytes(max(base.rows[i].gathered_bytes_by_rank))} -> "
+            f"{human_bytes(max(row.gathered_bytes_by_rank))}",
+            f"{human_bytes(max(base.rows[i].kv_bytes_by_rank))} -> "
+            f"{human_bytes(max(row.kv_bytes_by_rank))}",
+            f"{max(r.comparison.max_abs_diff for r in rows):.3g}",
+            reason_codes(row.batch_plan),
+        )
+    console.print(table)
+    kv0, kvn = base.rows[-1].kv_bytes_by_rank, top.rows[-1].kv_bytes_by_rank
+    console.print(
+        "KV per rank after the trace: level 0 "
+        + " ".join(human_bytes(b) for b in kv0)
+        + f" | level {top.level} "
+        + " ".join(human_bytes(b) for b in kvn)
+        + f" ({max(kvn) / max(kv0):.2f}x)"
+    )
+    _verdict(console, report)
+
+
+def _verdict(console: Console, report: VerifyReport) -> None:
     levels = ", ".join(f"level {lv.level} max|diff| {lv.max_abs_diff:.3g}" for lv in report.levels)
     if report.ok:
         console.print(

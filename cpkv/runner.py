@@ -8,7 +8,7 @@ from enum import StrEnum
 
 import torch
 
-from cpkv_core.allocator import pages_needed_for_trace
+from cpkv_core.allocation import pages_for_trace
 from cpkv_core.batch import BatchSpec
 from cpkv_core.comm import Communicator, new_group_communicator, run_local
 from cpkv_core.config import DeploymentConfig, ModelConfig
@@ -60,11 +60,8 @@ class LevelRun:
 
 
 def num_pages_for(batches: Sequence[BatchSpec], page_size: int, cp_size: int = 1) -> int:
-    """Logical pages that hold the whole trace whatever owners its pages go to.
-
-    Each owner gets ``num_pages / cp_size`` pages, so every owner could hold the trace.
-    """
-    return cp_size * (pages_needed_for_trace(batches, page_size) + 1)
+    """Logical pages for a trace; the planner sizes its allocator the same way."""
+    return pages_for_trace(batches, page_size, cp_size)
 
 
 def level_layout(plans: Sequence[ExecutionPlan]) -> KvLayout:

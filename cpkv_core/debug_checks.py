@@ -33,7 +33,7 @@ def check_batch_layer(
     """Writes touch only owned pages; a materialized view holds the current chunk exactly."""
     rank, cp_size, page_size = engine.comm.rank, engine.deploy.cp_size, engine.deploy.page_size
     if engine.kv_layout is KvLayout.SHARDED:
-        written = layout.current_locs[layout.write.source_index]
+        written = layout.write.written_locs
         owners = (written // page_size) % cp_size
         if not bool((owners == rank).all()):
             raise RuntimeError(

@@ -14,14 +14,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from cpkv_core.allocation import allocate_batch
 from cpkv_core.allocator import PageAllocator
-from cpkv_core.batch import BatchSpec, RequestSpec
+from cpkv_core.batch import BatchSpec
 from cpkv_core.comm import Communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.debug_checks import check_batch_layer, check_ownership_partition
 from cpkv_core.kv_access import key_source, write_current
 from cpkv_core.kv_pool import KVRows, PagedKVPool
-from cpkv_core.layout import BatchLayout, build_layout
+from cpkv_core.layout import BatchLayout, KeySource, build_batch_split, build_layout
 from cpkv_core.model import (
     ModelWeights,
     Projections,
@@ -33,18 +34,8 @@ from cpkv_core.model import (
     project,
 )
 from cpkv_core.outputs import RankBatchOutput
-from cpkv_core.plan import ExecutionPlan, KvLayout, OutputStrategy, SplitStrategy
-from cpkv_core.split import (
-    SplitMetadata,
-    build_round_robin_split,
-    build_zigzag_split,
-)
+from cpkv_core.plan import ExecutionPlan, KvLayout, OutputStrategy
 from cpkv_core.tokens import TokenLedger
-
-SPLIT_BUILDERS: dict[SplitStrategy, Callable[[tuple[int, ...], int], SplitMetadata]] = {
-    SplitStrategy.ZIGZAG: build_zigzag_split,
-    SplitStrategy.ROUND_ROBIN: build_round_robin_split,
-}
 
 
 class CPEngine:
@@ -96,14 +87,10 @@ class CPEngine:
                 f"batch {batch.batch}: plan writes a {plan.kv_layout} layout into a "
                 f"{self.kv_layout} pool, indicates a bug in the gate (KV at rest cannot change)"
             )
-        split = SPLIT_BUILDERS[plan.split](batch.extend_lens, self.deploy.cp_size)
-        tokens = [self._admit(req) for req in batch.requests]
+        split = build_batch_split(plan.split, batch, self.deploy.cp_size, self.deploy.page_size)
+        allocate_batch(self.allocator, batch, plan)
+        tokens = [self.ledger.extend(req, self.cfg.vocab_size) for req in batch.requests]
         return build_layout(batch, plan, split, self.comm.rank, tokens, self.allocator)
-
-    def _admit(self, req: RequestSpec) -> list[int]:
-        """Allocates ``req``'s current tokens and returns their token ids."""
-        self.allocator.allocate(req)
-        return self.ledger.extend(req, self.cfg.vocab_size)
 
     def run_batch(self, batch: BatchSpec, plan: ExecutionPlan) -> RankBatchOutput:
         """Runs one batch on this rank; every rank of the group must call it together."""
@@ -114,15 +101,17 @@ class CPEngine:
         topk_per_layer = []
         for layer_index, layer in enumerate(self.weights.layers):
             proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
-            current = self._gather_current(proj, layout)
-            write_current(self.pool, layer_index, layout.write, current)
+            own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
+            current = self._gather_current(own, layout) if self._needs_current(layout) else own
+            source = own if layout.write.from_local else current
+            write_current(self.pool, layer_index, layout.write, source)
             keys = key_source(self.comm, self.pool, layer_index, layout.read, current)
             if self.debug_checks:
                 check_batch_layer(self, batch, layout, current, keys)
             attn, topk = attend_local(self.cfg, proj, layout, keys)
             topk_per_layer.append(topk)
             hidden = finish_layer(layer, hidden, attn)
-        self.written_pages.update(self._pages_of(layout.current_locs[layout.write.source_index]))
+        self.written_pages.update(self._pages_of(layout.write.written_locs))
         if self.debug_checks:
             check_ownership_partition(self)
         last_hidden = COLLECTORS[plan.output](self, hidden, layout)
@@ -167,11 +156,19 @@ class CPEngine:
         stacked = self.comm.all_gather(local, tag)  # [cp_size, max_local, ...]
         return stacked.flatten(0, 1)[layout.gather_index]
 
-    def _gather_current(self, proj: Projections, layout: BatchLayout) -> KVRows:
+    def _needs_current(self, layout: BatchLayout) -> bool:
+        """The chunk is all-gathered when the write or the read needs it, or for checks."""
+        return (
+            not layout.write.from_local
+            or layout.read.source is KeySource.CURRENT
+            or self.debug_checks
+        )
+
+    def _gather_current(self, own: KVRows, layout: BatchLayout) -> KVRows:
         return KVRows(
-            latent=self.all_gather_tokens(proj.latent, layout, "current_kv"),
-            index_k=self.all_gather_tokens(proj.index_k, layout, "current_index_k"),
-            index_k_scale=self.all_gather_tokens(proj.index_k_scale, layout, "current_index_k"),
+            latent=self.all_gather_tokens(own.latent, layout, "current_kv"),
+            index_k=self.all_gather_tokens(own.index_k, layout, "current_index_k"),
+            index_k_scale=self.all_gather_tokens(own.index_k_scale, layout, "current_index_k"),
         )
 
 

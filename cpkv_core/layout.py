@@ -19,9 +19,10 @@ from torch import Tensor
 from cpkv_core.allocator import PageAllocator
 from cpkv_core.batch import BatchSpec
 from cpkv_core.ownership import owner_of_loc, physical_loc
-from cpkv_core.plan import ExecutionPlan, KvReadStrategy, KvWriteStrategy
+from cpkv_core.plan import ExecutionPlan, KvReadStrategy, KvWriteStrategy, SplitStrategy
 from cpkv_core.remap import ViewPlan, reuse_key_rows, slot_view_plan, unique_view_plan
-from cpkv_core.split import SplitMetadata
+from cpkv_core.split import SplitMetadata, build_round_robin_split, build_zigzag_split
+from cpkv_core.split_page_aligned import build_page_aligned_zigzag_split
 
 
 def int_tensor(values: Sequence[int]) -> Tensor:
@@ -44,8 +45,11 @@ class KeySource(StrEnum):
 class WritePlan:
     """Which rows of the current chunk this rank stores, and where in its pool."""
 
-    source_index: Tensor  # [m] rows of the gathered current chunk (batch order)
+    source_index: Tensor  # [m] rows of the gathered chunk, or of the local rows if from_local
     dest_rows: Tensor  # [m] rows of this rank's pool
+    written_locs: Tensor  # [m] logical locs those rows hold
+    from_local: bool = False
+    """True when the rows come straight from this rank's own projections (no all-gather)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,17 +90,47 @@ class BatchLayout:
 
 
 def build_write_plan(
-    strategy: KvWriteStrategy, current_locs: Sequence[int], rank: int, cp_size: int, page_size: int
+    strategy: KvWriteStrategy,
+    current_locs: Sequence[int],
+    local: Sequence[int],
+    rank: int,
+    cp_size: int,
+    page_size: int,
 ) -> WritePlan:
-    """Replicated: every current token at its logical loc. Owner-filtered: only owned tokens,
-    at their physical rows."""
+    """Replicated: every current token at its logical loc. Owner-filtered: only owned tokens
+    of the gathered chunk, at their physical rows. Compute-owner direct: this rank's own
+    tokens (``local``: their batch indices), all on pages it owns, at their physical rows."""
     if strategy is KvWriteStrategy.REPLICATED:
-        return WritePlan(int_tensor(range(len(current_locs))), int_tensor(current_locs))
+        every = int_tensor(current_locs)
+        return WritePlan(int_tensor(range(len(current_locs))), every, every)
+    if strategy is KvWriteStrategy.COMPUTE_OWNER_DIRECT:
+        locs = [current_locs[g] for g in local]
+        foreign = [loc for loc in locs if owner_of_loc(loc, page_size, cp_size) != rank]
+        if foreign:
+            raise RuntimeError(
+                f"rank {rank} computes locs {foreign[:4]} on pages it does not own, indicates a "
+                "bug in the gate (OWNER_MISMATCH must fall back)"
+            )
+        dest = [physical_loc(loc, page_size, cp_size) for loc in locs]
+        return WritePlan(int_tensor(range(len(locs))), int_tensor(dest), int_tensor(locs), True)
     owned = [
         g for g, loc in enumerate(current_locs) if owner_of_loc(loc, page_size, cp_size) == rank
     ]
-    dest = [physical_loc(current_locs[g], page_size, cp_size) for g in owned]
-    return WritePlan(int_tensor(owned), int_tensor(dest))
+    owned_locs = [current_locs[g] for g in owned]
+    dest = [physical_loc(loc, page_size, cp_size) for loc in owned_locs]
+    return WritePlan(int_tensor(owned), int_tensor(dest), int_tensor(owned_locs))
+
+
+def build_batch_split(
+    strategy: SplitStrategy, batch: BatchSpec, cp_size: int, page_size: int
+) -> SplitMetadata:
+    """The split of ``batch`` under ``strategy``."""
+    if strategy is SplitStrategy.ROUND_ROBIN:
+        return build_round_robin_split(batch.extend_lens, cp_size)
+    if strategy is SplitStrategy.PAGE_ALIGNED_ZIGZAG:
+        prefix_lens = [req.prefix_len for req in batch.requests]
+        return build_page_aligned_zigzag_split(batch.extend_lens, prefix_lens, cp_size, page_size)
+    return build_zigzag_split(batch.extend_lens, cp_size)
 
 
 def build_read_plan(
@@ -185,6 +219,6 @@ def build_layout(
         local_last_rows=int_tensor([row for row, _ in local_last]),
         local_last_requests=int_tensor([i for _, i in local_last]),
         requests=requests,
-        write=build_write_plan(plan.kv_write, current_locs, rank, cp_size, page_size),
+        write=build_write_plan(plan.kv_write, current_locs, local, rank, cp_size, page_size),
         read=read,
     )

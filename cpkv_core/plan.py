@@ -20,6 +20,8 @@ class SplitStrategy(StrEnum):
     """Token-balanced zigzag: 2*cp_size blocks per request, rank r takes r and 2*cp_size-1-r."""
     ROUND_ROBIN = "round-robin"
     """Token g of the batch to rank g % cp_size."""
+    PAGE_ALIGNED_ZIGZAG = "page-aligned-zigzag"
+    """Zigzag cut at logical page boundaries: every current page has one compute owner."""
 
 
 class KvWriteStrategy(StrEnum):
@@ -29,6 +31,9 @@ class KvWriteStrategy(StrEnum):
     """Every rank writes every current token into its full pool."""
     OWNER_FILTERED = "owner-filtered"
     """After the all-gather, each rank writes only the tokens of pages it owns."""
+    COMPUTE_OWNER_DIRECT = "compute-owner-direct"
+    """Each rank writes the KV it computed into its own pool; pages are allocated to their
+    compute owner, so no all-gather is needed for the write."""
 
 
 class KvReadStrategy(StrEnum):

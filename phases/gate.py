@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cpkv_core.allocation import allocate_batch, pages_for_trace, with_first_page_owners
+from cpkv_core.allocator import PageAllocator
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.plan import ExecutionPlan
@@ -114,5 +116,22 @@ def level_plans(
     ceiling: int | None = None,
 ) -> tuple[BatchPlan, ...]:
     """The gate's plans for ``batches`` at ``level``: the enabled phases up to ``level``."""
-    gate = Gate(frozenset(p for p in enabled if p <= level), deploy, ceiling)
-    return tuple(gate.plan(batch) for batch in batches)
+    return plan_trace(Gate(frozenset(p for p in enabled if p <= level), deploy, ceiling), batches)
+
+
+def plan_trace(gate: Gate, batches: Sequence[BatchSpec]) -> tuple[BatchPlan, ...]:
+    """The gate's plan for every batch of a trace, as a scheduler would make them.
+
+    A host-only allocator follows the trace with the same policy as the ranks
+    (``allocate_batch``), so each batch reaches the gate with the owner of the page it
+    resumes in (``first_page_owner``), which phase 5's batch contract reads. No tensor.
+    """
+    deploy = gate.deploy
+    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
+    allocator = PageAllocator(num_pages, deploy.page_size, num_owners=deploy.cp_size)
+    plans = []
+    for batch in batches:
+        plan = gate.plan(with_first_page_owners(batch, allocator))
+        allocate_batch(allocator, batch, plan.plan)
+        plans.append(plan)
+    return tuple(plans)

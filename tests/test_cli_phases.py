@@ -133,3 +133,48 @@ def test_bench_json_reports_every_figure() -> None:
     assert shared < remaps["shared prefix", "materialized-slot"]
     assert [t["level"] for t in doc["step_time"]["levels"]] == [0, 2, 3]
     assert doc["step_time"]["levels"][0]["ratio_to_level0"] == 1.0
+
+
+def test_explain_chooses_phase_5_for_long_requests_and_explains_the_rest() -> None:
+    result = runner.invoke(
+        app,
+        [
+            "explain",
+            str(DATA / "long.jsonl"),
+            "--phases",
+            "all",
+            "--cp-size",
+            "4",
+            "--page-size",
+            "16",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    batches = json.loads(result.stdout)["batches"]
+    assert [b["phase"] for b in batches] == [5, 5, 2, 5]
+    assert batches[0]["plan"]["kv_write"] == "compute-owner-direct"
+    short = {p["phase"]: p["reasons"] for p in batches[2]["phases"]}
+    assert short[4] == ["SHORT_REQUEST rid=b pages=1 need=8", "SHORT_REQUEST rid=e pages=1 need=8"]
+    assert short[5][0] == "NEEDS_INACTIVE phase=4"
+    assert "NOT_PAGE_ALIGNED rid=b pages=1 need=8" in short[5]
+
+
+def test_explain_reports_owner_mismatch_on_a_foreign_partial_page() -> None:
+    result = runner.invoke(
+        app,
+        [
+            "explain",
+            str(DATA / "mixed.jsonl"),
+            "--phases",
+            "all",
+            "--cp-size",
+            "2",
+            "--page-size",
+            "4",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    batch1 = json.loads(result.stdout)["batches"][1]["phases"][4]["reasons"]
+    assert "OWNER_MISMATCH rid=a page=9 owner=1 compute_owner=0" in batch1

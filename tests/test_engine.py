@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from cpkv.runner import Backend
-from cpkv.verify import verify_levels
+from cpkv.verify import VerifyReport, verify_levels
 from cpkv_core import layout as layout_mod
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
-from cpkv_core.trace import parse_trace_text
+from cpkv_core.trace import load_trace, parse_trace_text
 from phases.gate import BatchPlan, level_plans, levels_of
 from phases.registry import REGISTERED_PHASES
-from tests.conftest import make_deploy, mixed_trace
+from tests.conftest import DATA, make_deploy, mixed_trace
 
 TINY = model_preset("tiny")
 
@@ -22,6 +22,33 @@ def baseline(
     batches: tuple[BatchSpec, ...], deploy: DeploymentConfig
 ) -> dict[int, tuple[BatchPlan, ...]]:
     return {0: level_plans(0, frozenset(), deploy, batches)}
+
+
+def assert_every_level_matches(report: VerifyReport, num_batches: int) -> None:
+    for level in report.levels:
+        rows = level.rows
+        assert [r.comparison.topk_mismatches for r in rows] == [0] * num_batches, level.level
+        assert [r.comparison.max_abs_diff for r in rows] == [0.0] * num_batches, level.level
+    assert report.ok
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("cp_size", [1, 2, 3, 4])
+def test_long_requests_take_phase_5_and_match_reference_bitwise(
+    cp_size: int, page_size: int
+) -> None:
+    deploy = make_deploy(cp_size, page_size)
+    batches = load_trace(DATA / "long.jsonl", page_size).batches
+    enabled = frozenset(REGISTERED_PHASES)
+    levels = {lv: level_plans(lv, enabled, deploy, batches) for lv in levels_of(enabled)}
+    report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL)
+    assert_every_level_matches(report, len(batches))
+    top = report.levels[-1]
+    assert 5 in [row.batch_plan.phase for row in top.rows]
+    for row, batch in zip(top.rows, batches, strict=True):
+        if row.batch_plan.phase == 5 and batch.has_history:
+            # Direct writes need no all-gather: a history batch gathers no current KV at all.
+            assert row.gathered_bytes_by_tag.get("current_kv", 0) == 0
 
 
 @pytest.mark.parametrize("cp_mode", list(CpMode))
@@ -35,11 +62,7 @@ def test_every_level_matches_reference_bitwise(
     enabled = frozenset(REGISTERED_PHASES)
     levels = {lv: level_plans(lv, enabled, deploy, batches) for lv in levels_of(enabled)}
     report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL)
-    for level in report.levels:
-        rows = level.rows
-        assert [r.comparison.topk_mismatches for r in rows] == [0] * len(batches), level.level
-        assert [r.comparison.max_abs_diff for r in rows] == [0.0] * len(batches), level.level
-    assert report.ok
+    assert_every_level_matches(report, len(batches))
 
 
 def test_phase0_matches_reference_with_fp32_index_keys() -> None:

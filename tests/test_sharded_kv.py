@@ -16,9 +16,10 @@ from cpkv_core.layout import KeySource, ReadPlan, WritePlan, build_read_plan
 from cpkv_core.outputs import compare_batch
 from cpkv_core.ownership import owner_of_page, physical_loc
 from cpkv_core.plan import ExecutionPlan, KvLayout, KvReadStrategy
+from cpkv_core.trace import load_trace
 from phases.gate import level_plans, levels_of
 from phases.registry import REGISTERED_PHASES
-from tests.conftest import make_deploy, mixed_trace
+from tests.conftest import DATA, make_deploy, mixed_trace
 
 TINY = model_preset("tiny")
 ALL = frozenset(REGISTERED_PHASES)
@@ -158,23 +159,24 @@ def test_engine_refuses_a_plan_for_another_layout() -> None:
 
 @pytest.mark.gloo
 def test_every_level_matches_reference_on_real_gloo_ranks() -> None:
-    """One 4-rank spawn, smaller CP sizes on subgroups: both splits, three page sizes."""
+    """One 4-rank spawn, smaller CP sizes on subgroups: both splits, three page sizes, and
+    long requests that take phases 4 and 5."""
     configs = [
-        (4, 16, CpMode.IN_SEQ_SPLIT),
-        (4, 4, CpMode.ROUND_ROBIN_SPLIT),
-        (3, 1, CpMode.ROUND_ROBIN_SPLIT),
-        (2, 4, CpMode.IN_SEQ_SPLIT),
+        ("mixed", 4, 16, CpMode.IN_SEQ_SPLIT),
+        ("mixed", 4, 4, CpMode.ROUND_ROBIN_SPLIT),
+        ("mixed", 3, 1, CpMode.ROUND_ROBIN_SPLIT),
+        ("long", 4, 16, CpMode.IN_SEQ_SPLIT),
+        ("long", 2, 4, CpMode.IN_SEQ_SPLIT),
     ]
     jobs = []
-    for cp_size, page_size, cp_mode in configs:
+    for trace, cp_size, page_size, cp_mode in configs:
         deploy = make_deploy(cp_size, page_size, cp_mode)
-        batches = mixed_trace(page_size).batches
+        batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
         plans = tuple(
             tuple(p.plan for p in level_plans(lv, ALL, deploy, batches)) for lv in levels_of(ALL)
         )
-        jobs.append(
-            RankJob(TINY, deploy, batches, plans, num_pages_for(batches, page_size, cp_size))
-        )
+        num_pages = num_pages_for(batches, page_size, cp_size)
+        jobs.append(RankJob(TINY, deploy, batches, plans, num_pages))
     for job, runs in zip(jobs, run_jobs_on_gloo(jobs), strict=True):
         reference = run_reference(job)
         assert len(runs) == len(levels_of(ALL))
