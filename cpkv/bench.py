@@ -14,19 +14,25 @@ from functools import partial
 from typing import Any
 
 from cpkv.bench_kv import (
+    ALL_PHASES,
     KvShare,
     MaterializedBytes,
+    PageBalance,
     RemapCost,
     StepTime,
+    WritePathBytes,
     bench_kv_share,
     bench_remaps,
     bench_step_time,
     materialized_bytes,
+    page_balance,
+    write_path_bytes,
 )
 from cpkv.builtin_trace import demo_trace
 from cpkv.runner import Backend, RankJob, num_pages_for, run_levels
 from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
+from cpkv_core.kv_pool import kv_bytes_per_token
 from phases.gate import Gate, level_plans
 from phases.ids import PhaseId
 from phases.registry import REGISTERED_PHASES
@@ -120,6 +126,8 @@ class BenchReport:
     kv_share: list[KvShare]
     materialized: list[MaterializedBytes]
     remaps: list[RemapCost]
+    write_path: list[WritePathBytes]
+    page_balance: list[PageBalance]
     step_time: list[StepTime]
     step_time_cp_size: int
     warnings: list[str]
@@ -141,6 +149,12 @@ class BenchReport:
             ],
             "materialized": [asdict(row) for row in self.materialized],
             "remaps": [asdict(row) for row in self.remaps],
+            "write_path": [
+                asdict(row) | {"write_path_bytes": row.write_path_bytes} for row in self.write_path
+            ],
+            "page_balance": [
+                asdict(row) | {"max_over_min": row.max_over_min} for row in self.page_balance
+            ],
             "step_time": {
                 "cp_size": self.step_time_cp_size,
                 "backend": "gloo",
@@ -172,13 +186,20 @@ def run_bench(
     share = bench_kv_share(model, batches, deploy.page_size, (2, 4, 8))
     step("slot vs unique remap")
     remaps = bench_remaps(model, repeats=max(5, 5 * repeats))
-    step(f"step time on {deploy.cp_size} gloo ranks")
-    times, runs = bench_step_time(model, deploy, batches, (0, 2, 3), repeats, debug_checks)
+    step(f"step time of levels 0-5 on {deploy.cp_size} gloo ranks")
+    levels = tuple(range(6))
+    times, results = bench_step_time(model, deploy, batches, levels, repeats, debug_checks)
+    chosen = [[p.phase for p in level_plans(lv, ALL_PHASES, deploy, batches)] for lv in levels]
+    page_bytes = (
+        deploy.page_size * kv_bytes_per_token(model, deploy.index_k_dtype) * model.num_layers
+    )
     return BenchReport(
         gate=gate,
         tail_bytes=tail,
         kv_share=share,
-        materialized=materialized_bytes(runs[1:], batches),
+        materialized=materialized_bytes([results[2].run, results[3].run], batches),
+        write_path=[row for row in write_path_bytes(results, chosen) if row.level >= 2],
+        page_balance=page_balance(results, page_bytes),
         remaps=remaps,
         step_time=times,
         step_time_cp_size=deploy.cp_size,

@@ -17,11 +17,12 @@ from cpkv_core.engine import CPEngine
 from cpkv_core.kv_access import materialize
 from cpkv_core.kv_pool import kv_bytes_per_token
 from cpkv_core.layout import build_read_plan
-from cpkv_core.plan import ExecutionPlan, KvLayout, KvReadStrategy
+from cpkv_core.plan import ExecutionPlan, KvLayout, KvReadStrategy, KvWriteStrategy
 from phases.gate import level_plans
 from phases.ids import PhaseId
 
-SHARDING_PHASES = frozenset({PhaseId.SHARDED_KV, PhaseId.CURRENT_REUSE})
+ALL_PHASES = frozenset(PhaseId)
+"""Level L of a bench enables every phase <= L."""
 
 
 def _job(
@@ -31,7 +32,7 @@ def _job(
     levels: Sequence[int],
 ) -> RankJob:
     plans = tuple(
-        tuple(p.plan for p in level_plans(lv, SHARDING_PHASES, deploy, batches)) for lv in levels
+        tuple(p.plan for p in level_plans(lv, ALL_PHASES, deploy, batches)) for lv in levels
     )
     num_pages = num_pages_for(batches, deploy.page_size, deploy.cp_size)
     return RankJob(model, deploy, tuple(batches), plans, num_pages)
@@ -148,7 +149,7 @@ def _measure_remaps(
 ) -> list[tuple[str, int, float]]:
     """On one rank: writes ``setup`` sharded, then times plan + materialize of ``measured``
     under each remap; returns (remap, view bytes, median microseconds)."""
-    plans = [p.plan for p in level_plans(2, SHARDING_PHASES, deploy, [setup, measured])]
+    plans = [p.plan for p in level_plans(2, ALL_PHASES, deploy, [setup, measured])]
     num_pages = num_pages_for([setup, measured], deploy.page_size, deploy.cp_size)
     engine = CPEngine(model, deploy, comm, num_pages, KvLayout.SHARDED)
     engine.run_batch(setup, plans[0])
@@ -210,6 +211,15 @@ def _trace_seconds(run: LevelRun) -> float:
     return sum(max(p.seconds for p in pieces) for pieces in run.rank_outputs)
 
 
+@dataclass(frozen=True, slots=True)
+class LevelResult:
+    """One level's run of a trace with the plan of every batch."""
+
+    level: int
+    run: LevelRun
+    plans: tuple[ExecutionPlan, ...]
+
+
 def bench_step_time(
     model: ModelConfig,
     deploy: DeploymentConfig,
@@ -217,7 +227,7 @@ def bench_step_time(
     levels: Sequence[int],
     repeats: int,
     debug_checks: bool = False,
-) -> tuple[list[StepTime], list[LevelRun]]:
+) -> tuple[list[StepTime], list[LevelResult]]:
     """Runs every level once to warm up, then ``repeats`` rounds of every level, interleaved,
     in ONE gloo group. Returns the times and the last round's runs."""
     one_round = _job(model, deploy, batches, levels).plans_by_level
@@ -233,4 +243,68 @@ def bench_step_time(
     }
     base = per_level[levels[0]]
     times = [StepTime(level, s, s / base) for level, s in per_level.items()]
-    return times, runs[-len(levels) :]
+    last = runs[-len(levels) :]
+    return times, [
+        LevelResult(lv, run, one_round[i])
+        for i, (lv, run) in enumerate(zip(levels, last, strict=True))
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class WritePathBytes:
+    """Current-chunk all-gather bytes of one batch at one level (rank 0), and who needs them."""
+
+    level: int
+    batch: int
+    phase: int
+    gathered_bytes: int
+    needed_by_write: bool
+    needed_by_read: bool
+
+    @property
+    def write_path_bytes(self) -> int:
+        """Bytes gathered for the KV write; 0 under compute-owner direct writes."""
+        return self.gathered_bytes if self.needed_by_write else 0
+
+
+def write_path_bytes(
+    results: Sequence[LevelResult], phases: Sequence[Sequence[int]]
+) -> list[WritePathBytes]:
+    """Per batch and level: the current-KV gather and whether write or read needed it."""
+    rows = []
+    for result, chosen in zip(results, phases, strict=True):
+        for i, plan in enumerate(result.plans):
+            tags = result.run.rank_outputs[i][0].gathered_bytes
+            rows.append(
+                WritePathBytes(
+                    level=result.level,
+                    batch=i,
+                    phase=chosen[i],
+                    gathered_bytes=tags.get("current_kv", 0) + tags.get("current_index_k", 0),
+                    needed_by_write=plan.kv_write is not KvWriteStrategy.COMPUTE_OWNER_DIRECT,
+                    needed_by_read=plan.kv_read is KvReadStrategy.CURRENT_REUSE,
+                )
+            )
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class PageBalance:
+    """Pages each rank stores after the trace at one level (sharded levels only)."""
+
+    level: int
+    pages_by_rank: tuple[int, ...]
+
+    @property
+    def max_over_min(self) -> float:
+        """Largest over smallest rank's pages (1.0 is perfect balance)."""
+        return max(self.pages_by_rank) / max(1, min(self.pages_by_rank))
+
+
+def page_balance(results: Sequence[LevelResult], page_bytes: int) -> list[PageBalance]:
+    """From the sharded levels' last batch: per-rank KV bytes over one page's bytes."""
+    return [
+        PageBalance(r.level, tuple(p.kv_bytes // page_bytes for p in r.run.rank_outputs[-1]))
+        for r in results
+        if r.plans and r.plans[0].kv_layout is KvLayout.SHARDED
+    ]

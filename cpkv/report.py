@@ -238,6 +238,13 @@ def render_bench(console: Console, report: BenchReport) -> None:
     for r in report.remaps:
         remaps.add_row(r.batch, r.remap, human_bytes(r.view_bytes), f"{r.microseconds:.0f}")
     console.print(remaps)
+    console.print(_write_path_table(report))
+    balance = Table(title="pages stored per rank after the trace (owner-aware allocation at 5)")
+    for name in ("level", "pages by rank", "max/min"):
+        balance.add_column(name, justify="right")
+    for b in report.page_balance:
+        balance.add_row(str(b.level), " ".join(map(str, b.pages_by_rank)), f"{b.max_over_min:.2f}")
+    console.print(balance)
     steps = Table(
         title=f"end-to-end prefill of the demo trace, {report.step_time_cp_size} gloo ranks"
     )
@@ -248,3 +255,20 @@ def render_bench(console: Console, report: BenchReport) -> None:
     console.print(steps)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def _write_path_table(report: BenchReport) -> Table:
+    """Current-KV all-gather bytes the write needs, per batch and level (0 at level 5)."""
+    levels = sorted({row.level for row in report.write_path})
+    table = Table(title="write-path all-gather bytes per batch, rank 0 [chosen phase]")
+    table.add_column("batch", justify="right")
+    for level in levels:
+        table.add_column(f"level {level}", justify="right")
+    by_key = {(row.level, row.batch): row for row in report.write_path}
+    for batch in sorted({row.batch for row in report.write_path}):
+        cells = [
+            f"{human_bytes(by_key[level, batch].write_path_bytes)} [{by_key[level, batch].phase}]"
+            for level in levels
+        ]
+        table.add_row(str(batch), *cells)
+    return table

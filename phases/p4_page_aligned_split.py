@@ -15,10 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from cpkv_core.batch import BatchSpec
+from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DeploymentConfig
 from cpkv_core.plan import ExecutionPlan, SplitStrategy
-from cpkv_core.split_page_aligned import is_short_request, request_pages
+from cpkv_core.split_page_aligned import request_pages
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode
 
@@ -32,20 +32,13 @@ class PageAlignedSplitStartup(BaseModel):
     """Must be the in-seq (zigzag) split."""
 
 
-def short_request_reasons(
-    batch: BatchSpec, deploy: DeploymentConfig, code: ReasonCode
-) -> list[Reason]:
-    """One reason per request spanning fewer than ``2 * cp_size`` pages."""
+def short_request_reason(
+    req: RequestSpec, deploy: DeploymentConfig, code: ReasonCode
+) -> Reason | None:
+    """``code rid=.. pages=.. need=..`` when ``req`` spans fewer than ``2 * cp_size`` pages."""
+    pages = request_pages(req.prefix_len, req.extend_len, deploy.page_size)
     need = 2 * deploy.cp_size
-    return [
-        Reason(
-            code,
-            f"rid={req.rid} pages={request_pages(req.prefix_len, req.extend_len, deploy.page_size)}"
-            f" need={need}",
-        )
-        for req in batch.requests
-        if is_short_request(req.prefix_len, req.extend_len, deploy.cp_size, deploy.page_size)
-    ]
+    return Reason(code, f"rid={req.rid} pages={pages} need={need}") if 0 < pages < need else None
 
 
 class PageAlignedSplit:
@@ -58,7 +51,10 @@ class PageAlignedSplit:
 
     def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
         """Refuses batches with short requests, naming each."""
-        return short_request_reasons(batch, deploy, ReasonCode.SHORT_REQUEST)
+        reasons = (
+            short_request_reason(r, deploy, ReasonCode.SHORT_REQUEST) for r in batch.requests
+        )
+        return [reason for reason in reasons if reason is not None]
 
     def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:
         """Swaps the token-balanced zigzag for the page-aligned one."""

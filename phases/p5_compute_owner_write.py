@@ -18,12 +18,12 @@ import dataclasses
 
 from pydantic import BaseModel, ConfigDict
 
-from cpkv_core.batch import BatchSpec
+from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.plan import ExecutionPlan, KvWriteStrategy
-from cpkv_core.split_page_aligned import compute_owner_of_pages, is_short_request
+from cpkv_core.split_page_aligned import compute_owner_of_pages
 from phases.ids import PhaseId
-from phases.p4_page_aligned_split import short_request_reasons
+from phases.p4_page_aligned_split import short_request_reason
 from phases.reasons import Reason, ReasonCode
 
 
@@ -33,25 +33,21 @@ class ComputeOwnerWriteStartup(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def owner_mismatch_reasons(batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
+def owner_mismatch_reason(req: RequestSpec, deploy: DeploymentConfig) -> Reason | None:
     """A chunk resuming mid-page must resume in a page its first block's rank owns."""
-    reasons = []
-    for req in batch.requests:
-        if req.prefix_len % deploy.page_size == 0:
-            continue
-        compute_owner = compute_owner_of_pages(
-            [req.extend_len], [req.prefix_len], deploy.cp_size, deploy.page_size
-        )[0][0]
-        if req.first_page_owner != compute_owner:
-            owner = "unknown" if req.first_page_owner is None else req.first_page_owner
-            page = req.prefix_len // deploy.page_size
-            reasons.append(
-                Reason(
-                    ReasonCode.OWNER_MISMATCH,
-                    f"rid={req.rid} page={page} owner={owner} compute_owner={compute_owner}",
-                )
-            )
-    return reasons
+    if req.prefix_len % deploy.page_size == 0:
+        return None
+    compute_owner = compute_owner_of_pages(
+        [req.extend_len], [req.prefix_len], deploy.cp_size, deploy.page_size
+    )[0][0]
+    if req.first_page_owner == compute_owner:
+        return None
+    owner = "unknown" if req.first_page_owner is None else req.first_page_owner
+    page = req.prefix_len // deploy.page_size
+    return Reason(
+        ReasonCode.OWNER_MISMATCH,
+        f"rid={req.rid} page={page} owner={owner} compute_owner={compute_owner}",
+    )
 
 
 class ComputeOwnerWrite:
@@ -64,17 +60,14 @@ class ComputeOwnerWrite:
 
     def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
         """Refuses batches that are not page-aligned or write a foreign page."""
-        reasons = short_request_reasons(batch, deploy, ReasonCode.NOT_PAGE_ALIGNED)
-        aligned = [
-            req
-            for req in batch.requests
-            if not is_short_request(
-                req.prefix_len, req.extend_len, deploy.cp_size, deploy.page_size
-            )
-        ]
-        return reasons + owner_mismatch_reasons(
-            dataclasses.replace(batch, requests=tuple(aligned)), deploy
-        )
+        reasons = []
+        for req in batch.requests:
+            reason = short_request_reason(req, deploy, ReasonCode.NOT_PAGE_ALIGNED)
+            if reason is None:
+                reason = owner_mismatch_reason(req, deploy)
+            if reason is not None:
+                reasons.append(reason)
+        return reasons
 
     def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:
         """Direct writes from each rank's own projections."""

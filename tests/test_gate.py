@@ -113,7 +113,7 @@ def test_ceiling_is_a_kill_switch() -> None:
 def test_levels_cover_zero_to_the_highest_enabled_phase() -> None:
     assert levels_of(frozenset()) == (0,)
     assert levels_of(frozenset({PhaseId.NARROW_OUTPUT})) == (0, 1)
-    batches = [make_batch(0), make_batch(1, return_logprob=True)]
+    batches = [make_batch(0), make_batch(1, rid="b", return_logprob=True)]
     enabled = frozenset({PhaseId.NARROW_OUTPUT})
     assert [p.phase for p in level_plans(0, enabled, DEPLOY, batches)] == [0, 0]
     assert [p.phase for p in level_plans(1, enabled, DEPLOY, batches)] == [1, 0]
