@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -15,6 +16,7 @@ from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.engine import CPEngine
 from cpkv_core.launch import ProgressEvent, report_progress, spawn_group
 from cpkv_core.outputs import BatchOutput, RankBatchOutput, merge_rank_outputs
+from cpkv_core.pd_prefill import PdTarget, SendResult, send_requests
 from cpkv_core.plan import ExecutionPlan, KvLayout
 from cpkv_core.reference import ReferenceModel
 
@@ -40,6 +42,16 @@ class RankJob:
     num_pages: int
     debug_checks: bool = False
     """Run the sharded-KV invariant checks (they synchronise)."""
+    pd: PdTarget | None = None
+    """After each level's trace, send every request to this decode server (PD)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankRun:
+    """One rank's part of one level: its batch outputs and, with PD, its send results."""
+
+    outputs: list[RankBatchOutput]
+    pd: list[SendResult]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +69,8 @@ class LevelRun:
     outputs: tuple[BatchOutput, ...]
     rank_outputs: tuple[tuple[RankBatchOutput, ...], ...]
     """``rank_outputs[batch][rank]``."""
+    pd: tuple[tuple[SendResult, ...], ...] = ()
+    """``pd[rank]``: how each request went from each rank (PD runs only)."""
 
 
 def num_pages_for(batches: Sequence[BatchSpec], page_size: int, cp_size: int = 1) -> int:
@@ -72,10 +86,16 @@ def level_layout(plans: Sequence[ExecutionPlan]) -> KvLayout:
     return layouts.pop() if layouts else KvLayout.REPLICATED
 
 
+def request_order(batches: Sequence[BatchSpec]) -> list[str]:
+    """Every rid of a trace, in order of first appearance."""
+    return list(dict.fromkeys(req.rid for batch in batches for req in batch.requests))
+
+
 def _run_job(
     comm: Communicator, job: RankJob, notify: Callable[[BatchProgress], None] | None
-) -> list[list[RankBatchOutput]]:
-    """One rank's part: a fresh engine per level, every batch in order; rank 0 notifies."""
+) -> list[RankRun]:
+    """One rank's part: a fresh engine per level, every batch in order, then PD if asked;
+    rank 0 notifies progress."""
     results = []
     for run, plans in enumerate(job.plans_by_level):
         engine = CPEngine(
@@ -91,17 +111,19 @@ def _run_job(
             outputs.append(engine.run_batch(batch, plan))
             if comm.rank == 0 and notify is not None:
                 notify(BatchProgress(run, batch.batch))
-        results.append(outputs)
+        sent: list[SendResult] = []
+        if job.pd is not None:
+            target = dataclasses.replace(job.pd, rid_prefix=f"{job.pd.rid_prefix}{run}/")
+            sent = send_requests(engine, request_order(job.batches), target)
+        results.append(RankRun(outputs, sent))
     return results
 
 
-def run_jobs_rank(
-    comm: Communicator, jobs: tuple[RankJob, ...]
-) -> list[list[list[RankBatchOutput]] | None]:
+def run_jobs_rank(comm: Communicator, jobs: tuple[RankJob, ...]) -> list[list[RankRun] | None]:
     """Entry point of a spawned rank: runs every job on the first ``cp_size`` ranks of the
     group (a subgroup when smaller), streaming progress to the parent; None where this rank
     is not in a job's group."""
-    results: list[list[list[RankBatchOutput]] | None] = []
+    results: list[list[RankRun] | None] = []
     for job in jobs:
         cp_size = job.deploy.cp_size
         if cp_size == comm.world_size:
@@ -112,18 +134,19 @@ def run_jobs_rank(
     return results
 
 
-def _level_runs(job: RankJob, per_rank: Sequence[list[list[RankBatchOutput]]]) -> list[LevelRun]:
+def _level_runs(job: RankJob, per_rank: Sequence[list[RankRun]]) -> list[LevelRun]:
     runs = []
     for run in range(len(job.plans_by_level)):
         by_batch = tuple(
-            tuple(per_rank[rank][run][i] for rank in range(job.deploy.cp_size))
+            tuple(per_rank[rank][run].outputs[i] for rank in range(job.deploy.cp_size))
             for i in range(len(job.batches))
         )
         outputs = tuple(
             merge_rank_outputs(batch, pieces)
             for batch, pieces in zip(job.batches, by_batch, strict=True)
         )
-        runs.append(LevelRun(outputs, by_batch))
+        pd = tuple(tuple(per_rank[rank][run].pd) for rank in range(job.deploy.cp_size))
+        runs.append(LevelRun(outputs, by_batch, pd))
     return runs
 
 

@@ -6,6 +6,8 @@ the engine and nothing else: no split, no collectives, no plan.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from cpkv_core.allocator import PageAllocator
@@ -45,15 +47,24 @@ class ReferenceModel:
 
     def run_batch(self, batch: BatchSpec) -> BatchOutput:
         """Runs every request of ``batch`` on its own, in batch order."""
-        return BatchOutput(batch.batch, tuple(self._run_request(r) for r in batch.requests))
+        return BatchOutput(batch.batch, tuple(self.run_request(r) for r in batch.requests))
 
-    def _run_request(self, req: RequestSpec) -> RequestOutput:
+    def run_request(
+        self, req: RequestSpec, token_ids: Sequence[int] | None = None
+    ) -> RequestOutput:
+        """Allocates, computes and stores one request's chunk; returns its outputs.
+
+        Args:
+            token_ids: the chunk's token ids when they come from elsewhere (a decode server
+                receives the first decode token from prefill); by default the ledger's.
+        """
         self.allocator.allocate(req)
-        token_ids = torch.tensor(self.ledger.extend(req, self.cfg.vocab_size))
+        if token_ids is None:
+            token_ids = self.ledger.extend(req, self.cfg.vocab_size)
         positions = torch.arange(req.prefix_len, req.seq_len)
         current_locs = torch.tensor(self.allocator.locs(req.rid, req.prefix_len, req.seq_len))
         key_locs = torch.tensor(self.allocator.req_to_token(req.rid))
-        hidden = embed(self.weights, token_ids, positions)
+        hidden = embed(self.weights, torch.tensor(token_ids), positions)
         topk_per_layer = []
         for layer_index, layer in enumerate(self.weights.layers):
             proj = project(self.cfg, layer, hidden, self.index_k_dtype)

@@ -1,0 +1,312 @@
+"""``cpkv pd``: prefill on CP ranks, transfer every request to a non-CP decode process over
+Mooncake, and check the rebuilt KV and a decode step against the reference."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing as mp
+import os
+import queue
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import torch
+
+from cpkv.runner import (
+    BatchProgress,
+    LevelRun,
+    RankJob,
+    num_pages_for,
+    request_order,
+    run_jobs_on_gloo,
+)
+from cpkv_core.batch import BatchSpec, RequestSpec
+from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.outputs import OUTPUT_ATOL
+from cpkv_core.pd_decode import serve_decode
+from cpkv_core.pd_prefill import PdFaults, PdTarget
+from cpkv_core.pd_protocol import Report, ReportReply, RequestReport, Shutdown
+from cpkv_core.plan import ExecutionPlan
+from cpkv_core.reference import ReferenceModel
+
+
+class DecodeServerError(RuntimeError):
+    """The decode process could not start, or died."""
+
+
+@dataclass
+class DecodeProcess:
+    """A decode server running in its own process, and how to talk to it."""
+
+    process: BaseProcess
+    address: tuple[str, int]
+    session: str
+    authkey: bytes
+
+    def call(self, message: object) -> object:
+        """One control round trip."""
+        try:
+            with Client(self.address, authkey=self.authkey) as conn:
+                conn.send(message)
+                return conn.recv()
+        except (EOFError, OSError) as exc:
+            code = self.process.exitcode
+            raise DecodeServerError(
+                f"decode server unreachable (exit code {code}): {exc!r}"
+            ) from exc
+
+    def report(self) -> ReportReply:
+        """Every request's state, rebuilt KV and decode step."""
+        reply = self.call(Report())
+        assert isinstance(reply, ReportReply), reply
+        return reply
+
+    def stop(self) -> None:
+        """Shuts the server down (kills it if it does not exit)."""
+        if self.process.is_alive():
+            with contextlib.suppress(DecodeServerError):
+                self.call(Shutdown())
+            self.process.join(10)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def start_decode(
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    num_pages: int,
+    timeout_s: float,
+    die_on_done_of: str | None = None,
+) -> DecodeProcess:
+    """Starts a decode server process and waits until it listens."""
+    ctx = mp.get_context("spawn")
+    started = ctx.Queue()
+    authkey = os.urandom(16)
+    args = (model, deploy.page_size, deploy.index_k_dtype, num_pages, timeout_s, authkey, started)
+    process = ctx.Process(
+        target=serve_decode, args=args, kwargs={"die_on_done_of": die_on_done_of}, daemon=True
+    )
+    process.start()
+    for _ in range(120):
+        try:
+            address, session = started.get(timeout=1)
+            return DecodeProcess(process, address, session, authkey)
+        except queue.Empty:
+            if not process.is_alive():
+                break
+    process.kill()
+    raise DecodeServerError(f"decode server did not start (exit code {process.exitcode})")
+
+
+@dataclass(frozen=True, slots=True)
+class PdRequestResult:
+    """One request of one prefill run, after transfer and checks."""
+
+    rid: str
+    level: int
+    ready: bool
+    kv_equal: bool
+    decode_max_abs_diff: float | None
+    bytes_by_rank: tuple[int, ...]
+    released_by_rank: tuple[bool, ...]
+    decode_pages: int
+    errors: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Ready, rebuilt KV byte-equal to the reference, decode step within tolerance."""
+        diff = self.decode_max_abs_diff
+        return self.ready and self.kv_equal and diff is not None and diff <= OUTPUT_ATOL
+
+
+@dataclass(frozen=True, slots=True)
+class PdReport:
+    """Every request of every prefill run."""
+
+    cp_size: int
+    requests: tuple[PdRequestResult, ...]
+    errors: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """Every request went through and checks out."""
+        return not self.errors and all(r.ok for r in self.requests)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON document of ``cpkv pd --json``."""
+        return {
+            "ok": self.ok,
+            "cp_size": self.cp_size,
+            "errors": list(self.errors),
+            "requests": [
+                {
+                    "rid": r.rid,
+                    "level": r.level,
+                    "ok": r.ok,
+                    "ready": r.ready,
+                    "kv_equal": r.kv_equal,
+                    "decode_max_abs_diff": r.decode_max_abs_diff,
+                    "bytes_by_rank": list(r.bytes_by_rank),
+                    "released_by_rank": list(r.released_by_rank),
+                    "decode_pages": r.decode_pages,
+                    "errors": list(r.errors),
+                }
+                for r in self.requests
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceRequest:
+    """What the oracle holds for a finished request: KV rows by position, and a decode step."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    decode: tuple[torch.Tensor, torch.Tensor]
+
+
+def reference_requests(
+    model: ModelConfig, deploy: DeploymentConfig, batches: Sequence[BatchSpec]
+) -> dict[str, ReferenceRequest]:
+    """Runs the trace on the reference, then reads every request's KV and decodes one token."""
+    num_pages = num_pages_for(batches, deploy.page_size) + len(request_order(batches))
+    reference = ReferenceModel(model, num_pages, deploy.page_size, deploy.index_k_dtype)
+    for batch in batches:
+        reference.run_batch(batch)
+    result = {}
+    for rid in request_order(batches):
+        seq_len = reference.allocator.seq_len(rid)
+        locs = torch.tensor(reference.allocator.req_to_token(rid))
+        rows = [reference.pool.read(layer, locs) for layer in range(model.num_layers)]
+        kv = [(r.latent, r.index_k.view(torch.uint8), r.index_k_scale) for r in rows]
+        out = reference.run_request(RequestSpec(rid, seq_len, 1))
+        result[rid] = ReferenceRequest(kv, (out.last_hidden, out.logits))
+    return result
+
+
+def _load(payload: bytes) -> Any:
+    return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+def _check(got: RequestReport | None, want: ReferenceRequest) -> tuple[bool, float | None]:
+    """(rebuilt KV equal byte for byte, largest decode-step difference) of one request."""
+    if got is None or not got.ready:
+        return False, None
+    kv = _load(got.kv)
+    kv_equal = all(
+        torch.equal(a, b)
+        for rows, ref in zip(kv, want.kv, strict=True)
+        for a, b in zip(rows, ref, strict=True)
+    )
+    hidden, logits = _load(got.decode)
+    diff = max(
+        float((hidden - want.decode[0]).abs().max()), float((logits - want.decode[1]).abs().max())
+    )
+    return kv_equal, diff
+
+
+def pd_results(
+    level_of_run: Sequence[int],
+    runs: Sequence[LevelRun],
+    reference: dict[str, ReferenceRequest],
+    decode: ReportReply | None,
+    prefix: str,
+) -> list[PdRequestResult]:
+    """Joins prefill send results, the decode server's report and the reference."""
+    reports = {r.rid: r for r in decode.requests} if decode else {}
+    results = []
+    for run_index, (level, run) in enumerate(zip(level_of_run, runs, strict=True)):
+        for i, rid in enumerate(reference):
+            sends = [rank_results[i] for rank_results in run.pd]
+            got = reports.get(f"{prefix}{run_index}/{rid}")
+            kv_equal, diff = _check(got, reference[rid])
+            errors = tuple(e for s in sends for e in s.errors) + (
+                (got.error,) if got and got.error else ()
+            )
+            results.append(
+                PdRequestResult(
+                    rid=rid,
+                    level=level,
+                    ready=bool(got and got.ready) and all(s.ready for s in sends),
+                    kv_equal=kv_equal,
+                    decode_max_abs_diff=diff,
+                    bytes_by_rank=tuple(s.bytes_sent for s in sends),
+                    released_by_rank=tuple(s.released for s in sends),
+                    decode_pages=got.pages if got else 0,
+                    errors=errors,
+                )
+            )
+    return results
+
+
+@dataclass(frozen=True, slots=True)
+class PdJob:
+    """One deployment's trace at some levels, for a PD run."""
+
+    deploy: DeploymentConfig
+    batches: tuple[BatchSpec, ...]
+    levels: tuple[int, ...]
+    plans_by_level: tuple[tuple[ExecutionPlan, ...], ...]
+
+
+def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
+    """Decode-side pages for every request of a trace (no prefix sharing there) plus the
+    decode step's token."""
+    seq_lens: dict[str, int] = {}
+    for batch in batches:
+        for req in batch.requests:
+            seq_lens[req.rid] = req.seq_len
+    return sum(-(-(n + 1) // page_size) for n in seq_lens.values())
+
+
+def run_pd(
+    model: ModelConfig,
+    jobs: Sequence[PdJob],
+    timeout_s: float = 30.0,
+    retries: int = 0,
+    faults: PdFaults | None = None,
+    die_on_done_of: str | None = None,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+) -> tuple[list[PdReport], list[list[LevelRun]]]:
+    """Prefill every job on ONE gloo group (subgroups for smaller CP sizes), send every
+    request of every level to ONE decode process, check each against the reference.
+
+    Jobs must share page size and index K dtype (the decode pool has one layout).
+    """
+    first = jobs[0].deploy
+    decode_pages = sum(
+        len(job.levels) * decode_pages_for(job.batches, first.page_size) for job in jobs
+    )
+    decode = start_decode(model, first, decode_pages, timeout_s, die_on_done_of)
+    try:
+        rank_jobs = [
+            RankJob(
+                model,
+                job.deploy,
+                job.batches,
+                job.plans_by_level,
+                num_pages_for(job.batches, job.deploy.page_size, job.deploy.cp_size),
+                pd=PdTarget(
+                    decode.address, decode.authkey, f"j{index}/", retries, faults or PdFaults()
+                ),
+            )
+            for index, job in enumerate(jobs)
+        ]
+        runs = run_jobs_on_gloo(rank_jobs, on_progress)
+        try:
+            decode_report: ReportReply | None = decode.report()
+            errors: tuple[str, ...] = ()
+        except DecodeServerError as exc:
+            decode_report, errors = None, (str(exc),)
+    finally:
+        decode.stop()
+    reports = []
+    for index, (job, job_runs) in enumerate(zip(jobs, runs, strict=True)):
+        reference = reference_requests(model, job.deploy, job.batches)
+        results = pd_results(job.levels, job_runs, reference, decode_report, f"j{index}/")
+        reports.append(PdReport(job.deploy.cp_size, tuple(results), errors))
+    return reports, runs

@@ -1,0 +1,180 @@
+"""The PD prefill side: each CP rank sends the pages it owns of every finished request.
+
+Per request: ask the decode server for pages (every rank asks; the answer is the same),
+write this rank's merged page runs into the decode server's registered memory, report the
+logical page positions sent, and wait for the verdict. The rank releases the request's
+pages only after the decode side acknowledged them (page reuse waits for the ack); on a
+failure it keeps them, reports the error naming the request and rank, and may retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection
+
+from cpkv_core.engine import CPEngine
+from cpkv_core.pd_pack import runs_for_rank
+from cpkv_core.pd_protocol import Alloc, AllocReply, Done, Fail, Verdict
+from cpkv_core.pd_transport import TransferError, Transport, Write
+from cpkv_core.plan import KvLayout
+from cpkv_core.tokens import token_id
+
+BAD_ADDRESS_OFFSET = 1 << 40
+"""Fault injection: added to destination addresses to make the engine reject a write."""
+
+
+@dataclass(frozen=True, slots=True)
+class PdFaults:
+    """Fault injection for tests and drills; applies to a request's first attempt only."""
+
+    fail: tuple[str, int] | None = None
+    """(rid, rank): that rank writes to an unregistered address, so the transfer fails."""
+    stall: tuple[str, int] | None = None
+    """(rid, rank): that rank writes but never reports, so the decode side times out."""
+
+
+@dataclass(frozen=True, slots=True)
+class PdTarget:
+    """Where and how a prefill group sends its requests."""
+
+    address: tuple[str, int]
+    authkey: bytes
+    rid_prefix: str = ""
+    """Prepended to rids on the decode side (several runs can share one decode server)."""
+    retries: int = 0
+    """Attempts after a failed one."""
+    faults: PdFaults = field(default_factory=PdFaults)
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """How one request went from one rank."""
+
+    rid: str
+    rank: int
+    ready: bool
+    attempts: int
+    bytes_sent: int
+    released: bool
+    """The rank freed the request's pages (only after the decode side's ack)."""
+    errors: tuple[str, ...]
+
+
+_transport: Transport | None = None
+
+
+def process_transport() -> Transport:
+    """This process's transfer engine, started on first use."""
+    global _transport
+    if _transport is None:
+        _transport = Transport()
+    return _transport
+
+
+def _writes(
+    engine: CPEngine, reply: AllocReply, rid: str, rank: int, bad: bool
+) -> tuple[list[Write], tuple[int, ...]]:
+    allocator = engine.allocator
+    runs = runs_for_rank(
+        allocator.page_table(rid),
+        reply.page_table,
+        allocator.seq_len(rid),
+        allocator.page_size,
+        engine.deploy.cp_size,
+        rank,
+        engine.kv_layout is KvLayout.SHARDED,
+    )
+    offset = BAD_ADDRESS_OFFSET if bad else 0
+    writes = []
+    for layer, targets in zip(engine.pool.layers, reply.targets, strict=True):
+        for tensor, target in zip(
+            (layer.latent, layer.index_k, layer.index_k_scale), targets, strict=True
+        ):
+            for run in runs:
+                writes.append(
+                    Write(
+                        src=tensor.data_ptr() + run.src_row * target.row_bytes,
+                        dst=target.address + run.dst_row * target.row_bytes + offset,
+                        length=run.tokens * target.row_bytes,
+                    )
+                )
+    return writes, tuple(p for run in runs for p in run.positions)
+
+
+def _call(conn: Connection, message: object) -> object:
+    conn.send(message)
+    return conn.recv()
+
+
+def _send_attempt(
+    engine: CPEngine, conn: Connection, target: PdTarget, rid: str, attempt: int
+) -> tuple[Verdict, int]:
+    """One attempt of one request from this rank: (verdict, bytes written)."""
+    rank = engine.comm.rank
+    remote = target.rid_prefix + rid
+    faults = target.faults if attempt == 0 else PdFaults()
+    tokens = tuple(engine.ledger.tokens(rid))
+    next_token = token_id(rid, len(tokens), engine.cfg.vocab_size)
+    alloc = Alloc(remote, attempt, len(tokens), tokens, next_token, engine.deploy.cp_size)
+    reply = _call(conn, alloc)
+    if not isinstance(reply, AllocReply):
+        return Verdict(remote, attempt, False, f"decode refused pages: {reply}"), 0
+    writes, positions = _writes(engine, reply, rid, rank, faults.fail == (rid, rank))
+    try:
+        process_transport().write(reply.session, writes)
+    except TransferError as exc:
+        verdict = _call(conn, Fail(remote, attempt, rank, str(exc)))
+        assert isinstance(verdict, Verdict), verdict
+        return verdict, 0
+    sent = sum(w.length for w in writes)
+    if faults.stall == (rid, rank):
+        return Verdict(remote, attempt, False, "stalled before reporting (fault injection)"), sent
+    verdict = _call(conn, Done(remote, attempt, rank, positions, sent))
+    assert isinstance(verdict, Verdict), verdict
+    return verdict, sent
+
+
+def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> list[SendResult]:
+    """Sends every request in ``rids`` from this rank; never raises for a transfer failure.
+
+    Every rank of the prefill group calls it with the same ``rids`` in the same order.
+    """
+    rank = engine.comm.rank
+    transport = process_transport()
+    pool_tensors = [
+        t
+        for layer in engine.pool.layers
+        for t in (layer.latent, layer.index_k, layer.index_k_scale)
+    ]
+    transport.register(pool_tensors)
+    results = []
+    try:
+        with Client(target.address, authkey=target.authkey) as conn:
+            for rid in rids:
+                results.append(_send_request(engine, conn, target, rid))
+    except (EOFError, OSError) as exc:
+        done = {r.rid for r in results}
+        results += [
+            SendResult(
+                rid, rank, False, 0, 0, False, (f"rank {rank}: decode server unreachable: {exc!r}",)
+            )
+            for rid in rids
+            if rid not in done
+        ]
+    finally:
+        transport.close()
+    return results
+
+
+def _send_request(engine: CPEngine, conn: Connection, target: PdTarget, rid: str) -> SendResult:
+    rank = engine.comm.rank
+    errors: list[str] = []
+    sent = 0
+    for attempt in range(target.retries + 1):
+        verdict, sent = _send_attempt(engine, conn, target, rid, attempt)
+        if verdict.ready:
+            engine.allocator.release(rid)
+            return SendResult(rid, rank, True, attempt + 1, sent, True, tuple(errors))
+        errors.append(f"request {rid} rank {rank} attempt {attempt}: {verdict.reason}")
+    return SendResult(rid, rank, False, target.retries + 1, sent, False, tuple(errors))

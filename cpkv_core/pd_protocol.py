@@ -1,0 +1,120 @@
+"""PD control messages: small, picklable, sent over a loopback control channel.
+
+KV bytes never travel here; they go through the transfer engine into registered memory.
+The channel is ``multiprocessing.connection`` over TCP on 127.0.0.1 with an auth key: a real
+socket, in the standard library, carrying one pickled message per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    """A prefill rank asks the decode side for pages of attempt ``attempt`` of ``rid``.
+
+    Idempotent: every rank of the group asks; all get the same answer for one attempt.
+    """
+
+    rid: str
+    attempt: int
+    seq_len: int
+    token_ids: tuple[int, ...]
+    next_token: int
+    """The first decode token, which prefill sends along with the KV."""
+    senders: int
+    """Prefill ranks that will send pieces (the CP size)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorTarget:
+    """Where one pool tensor of one layer lives on the decode side."""
+
+    address: int
+    row_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class AllocReply:
+    """Pages for the request and the registered memory to write them into."""
+
+    rid: str
+    attempt: int
+    session: str
+    """Transfer-engine session of the decode server (``host:port``)."""
+    page_table: tuple[int, ...]
+    targets: tuple[tuple[TensorTarget, ...], ...]
+    """Per layer: latent KV, index K, index K scale."""
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """A prefill rank wrote its pieces; it waits for the decode side's verdict."""
+
+    rid: str
+    attempt: int
+    rank: int
+    positions: tuple[int, ...]
+    bytes_sent: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """A prefill rank could not send its pieces."""
+
+    rid: str
+    attempt: int
+    rank: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The decode side's answer to ``Done``: ready (acknowledged) or failed with a reason."""
+
+    rid: str
+    attempt: int
+    ready: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Asks the decode server for every request's state, rebuilt KV and decode step."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReport:
+    """One request on the decode side."""
+
+    rid: str
+    ready: bool
+    error: str
+    pages: int
+    """Pages the request holds on the decode side (0 once a failed attempt is released)."""
+    kv: bytes = b""
+    """``torch.save`` of the rebuilt rows per layer (latent, index K, scale) by position."""
+    decode: bytes = b""
+    """``torch.save`` of the decode step's (last hidden, logits)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportReply:
+    """Every request the decode server has seen, and its free pages."""
+
+    requests: tuple[RequestReport, ...]
+    free_pages: int
+    errors: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """Stops the decode server."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    """A request the decode server refused, with why."""
+
+    reason: str
