@@ -211,6 +211,7 @@ def bench(
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
         flags = resolve_flags(config).flags
+        demo_trace(page_size)  # the built-in trace must fit the page size (prefix hits)
     warning = debug_benchmark_warning(flags)
     if warning:
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)

@@ -28,6 +28,7 @@ from cpkv_core.config import IndexKDtype, ModelConfig
 from cpkv_core.pd_protocol import (
     Alloc,
     AllocReply,
+    Await,
     Done,
     ErrorReply,
     Fail,
@@ -138,6 +139,7 @@ class DecodeServer:
         handlers: dict[type, Callable[[Any], object]] = {
             Alloc: self._on_alloc,
             Done: self._on_done,
+            Await: self._on_await,
             Fail: self._on_fail,
             Report: self._on_report,
         }
@@ -224,17 +226,21 @@ class DecodeServer:
             self._fail(attempt, f"rank {msg.rank}: {msg.reason}")
             return Verdict(msg.rid, msg.attempt, False, attempt.reason)
 
-    def _on_done(self, msg: Done) -> Verdict:
+    def _on_done(self, msg: Done) -> None:
         if msg.rid == self.die_on_done_of:
             os._exit(17)
         with self.cond:
             attempt = self._attempt(msg.rid, msg.attempt)
-            if attempt is None:
-                return Verdict(msg.rid, msg.attempt, False, "unknown attempt")
-            if attempt.state is AttemptState.PENDING:
+            if attempt is not None and attempt.state is AttemptState.PENDING:
                 attempt.done[msg.rank] = msg.positions
                 if len(attempt.done) == attempt.senders:
                     self._complete(attempt)
+
+    def _on_await(self, msg: Await) -> Verdict:
+        with self.cond:
+            attempt = self._attempt(msg.rid, msg.attempt)
+            if attempt is None:
+                return Verdict(msg.rid, msg.attempt, False, "unknown attempt")
             self._await_verdict(attempt)
             return Verdict(
                 msg.rid, msg.attempt, attempt.state is AttemptState.READY, attempt.reason

@@ -15,7 +15,7 @@ from multiprocessing.connection import Client, Connection
 
 from cpkv_core.engine import CPEngine
 from cpkv_core.pd_pack import runs_for_rank
-from cpkv_core.pd_protocol import Alloc, AllocReply, Done, Fail, Verdict
+from cpkv_core.pd_protocol import Alloc, AllocReply, Await, Done, Fail, Verdict
 from cpkv_core.pd_transport import TransferError, Transport, Write
 from cpkv_core.plan import KvLayout
 from cpkv_core.tokens import token_id
@@ -107,74 +107,79 @@ def _call(conn: Connection, message: object) -> object:
     return conn.recv()
 
 
-def _send_attempt(
+def _start_attempt(
     engine: CPEngine, conn: Connection, target: PdTarget, rid: str, attempt: int
-) -> tuple[Verdict, int]:
-    """One attempt of one request from this rank: (verdict, bytes written)."""
+) -> tuple[int, str]:
+    """Asks for pages, writes this rank's pieces, reports them: (bytes written, error)."""
     rank = engine.comm.rank
     remote = target.rid_prefix + rid
     faults = target.faults if attempt == 0 else PdFaults()
     tokens = tuple(engine.ledger.tokens(rid))
     next_token = token_id(rid, len(tokens), engine.cfg.vocab_size)
-    alloc = Alloc(remote, attempt, len(tokens), tokens, next_token, engine.deploy.cp_size)
-    reply = _call(conn, alloc)
+    reply = _call(
+        conn, Alloc(remote, attempt, len(tokens), tokens, next_token, engine.deploy.cp_size)
+    )
     if not isinstance(reply, AllocReply):
-        return Verdict(remote, attempt, False, f"decode refused pages: {reply}"), 0
+        return 0, f"decode refused pages: {reply}"
     writes, positions = _writes(engine, reply, rid, rank, faults.fail == (rid, rank))
     try:
         process_transport().write(reply.session, writes)
     except TransferError as exc:
-        verdict = _call(conn, Fail(remote, attempt, rank, str(exc)))
-        assert isinstance(verdict, Verdict), verdict
-        return verdict, 0
+        _call(conn, Fail(remote, attempt, rank, str(exc)))
+        return 0, str(exc)
     sent = sum(w.length for w in writes)
-    if faults.stall == (rid, rank):
-        return Verdict(remote, attempt, False, "stalled before reporting (fault injection)"), sent
-    verdict = _call(conn, Done(remote, attempt, rank, positions, sent))
-    assert isinstance(verdict, Verdict), verdict
-    return verdict, sent
+    if faults.stall != (rid, rank):
+        _call(conn, Done(remote, attempt, rank, positions, sent))
+    return sent, ""
 
 
 def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> list[SendResult]:
     """Sends every request in ``rids`` from this rank; never raises for a transfer failure.
 
-    Every rank of the prefill group calls it with the same ``rids`` in the same order.
+    Every rank of the prefill group calls it with the same ``rids`` in the same order. All
+    requests are started before any verdict is awaited, so one slow request does not hold
+    the others back; failed ones are retried up to ``target.retries`` times.
     """
     rank = engine.comm.rank
     transport = process_transport()
-    pool_tensors = [
-        t
-        for layer in engine.pool.layers
-        for t in (layer.latent, layer.index_k, layer.index_k_scale)
-    ]
-    transport.register(pool_tensors)
-    results = []
+    transport.register(
+        [
+            t
+            for layer in engine.pool.layers
+            for t in (layer.latent, layer.index_k, layer.index_k_scale)
+        ]
+    )
+    sent = dict.fromkeys(rids, 0)
+    errors: dict[str, list[str]] = {rid: [] for rid in rids}
+    ready: set[str] = set()
+    attempts = dict.fromkeys(rids, 0)
     try:
         with Client(target.address, authkey=target.authkey) as conn:
-            for rid in rids:
-                results.append(_send_request(engine, conn, target, rid))
+            todo = list(rids)
+            for attempt in range(target.retries + 1):
+                for rid in todo:
+                    attempts[rid] = attempt + 1
+                    sent[rid], _ = _start_attempt(engine, conn, target, rid, attempt)
+                for rid in todo:
+                    verdict = _call(conn, Await(target.rid_prefix + rid, attempt))
+                    assert isinstance(verdict, Verdict), verdict
+                    if verdict.ready:
+                        engine.allocator.release(rid)  # page reuse waits for the ack
+                        ready.add(rid)
+                    else:
+                        errors[rid].append(
+                            f"request {rid} rank {rank} attempt {attempt}: {verdict.reason}"
+                        )
+                todo = [rid for rid in todo if rid not in ready]
     except (EOFError, OSError) as exc:
-        done = {r.rid for r in results}
-        results += [
-            SendResult(
-                rid, rank, False, 0, 0, False, (f"rank {rank}: decode server unreachable: {exc!r}",)
-            )
-            for rid in rids
-            if rid not in done
-        ]
+        for rid in rids:
+            if rid not in ready:
+                errors[rid].append(f"request {rid} rank {rank}: decode server unreachable: {exc!r}")
     finally:
         transport.close()
-    return results
-
-
-def _send_request(engine: CPEngine, conn: Connection, target: PdTarget, rid: str) -> SendResult:
-    rank = engine.comm.rank
-    errors: list[str] = []
-    sent = 0
-    for attempt in range(target.retries + 1):
-        verdict, sent = _send_attempt(engine, conn, target, rid, attempt)
-        if verdict.ready:
-            engine.allocator.release(rid)
-            return SendResult(rid, rank, True, attempt + 1, sent, True, tuple(errors))
-        errors.append(f"request {rid} rank {rank} attempt {attempt}: {verdict.reason}")
-    return SendResult(rid, rank, False, target.retries + 1, sent, False, tuple(errors))
+    return [
+        SendResult(
+            rid, rank, rid in ready, attempts[rid], sent[rid], rid in ready, tuple(errors[rid])
+        )
+        for rid in rids
+    ]

@@ -50,7 +50,7 @@ class AllocReply:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """A prefill rank wrote its pieces; it waits for the decode side's verdict."""
+    """A prefill rank wrote its pieces and names the page positions; replied with None."""
 
     rid: str
     attempt: int
@@ -70,8 +70,16 @@ class Fail:
 
 
 @dataclass(frozen=True, slots=True)
+class Await:
+    """A prefill rank waits for an attempt's verdict (the decode side enforces timeouts)."""
+
+    rid: str
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
 class Verdict:
-    """The decode side's answer to ``Done``: ready (acknowledged) or failed with a reason."""
+    """The decode side's answer to ``Await`` or ``Fail``: ready (the ack) or failed, why."""
 
     rid: str
     attempt: int

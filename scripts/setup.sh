@@ -35,6 +35,6 @@ fi
 stamp="$VENV/.cpkv-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "setup: installing cpkv and its dev tools into $VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev]"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev,pd]"
     touch "$stamp"
 fi

@@ -131,7 +131,9 @@ def test_bench_json_reports_every_figure() -> None:
     remaps = {(r["batch"], r["remap"]): r["view_bytes"] for r in doc["remaps"]}
     shared = remaps["shared prefix", "materialized-unique"]
     assert shared < remaps["shared prefix", "materialized-slot"]
-    assert [t["level"] for t in doc["step_time"]["levels"]] == [0, 2, 3]
+    assert [t["level"] for t in doc["step_time"]["levels"]] == [0, 1, 2, 3, 4, 5]
+    level5 = [row for row in doc["write_path"] if row["level"] == 5 and row["phase"] == 5]
+    assert level5 and all(row["write_path_bytes"] == 0 for row in level5)
     assert doc["step_time"]["levels"][0]["ratio_to_level0"] == 1.0
 
 

@@ -119,7 +119,7 @@ def test_hot_path_runs_on_the_meta_device() -> None:
         torch.empty(10, device=meta),
     )
     index = torch.arange(5, device=meta)
-    write_current(pool, 0, WritePlan(index, index + 3), current)  # owner-filtered write
+    write_current(pool, 0, WritePlan(index, index + 3, index), current)  # owner-filtered write
     comm = LocalGroup(1).communicators()[0]
     send_rows = torch.arange(12, device=meta)
     view = materialize(comm, pool.layers[0], send_rows)
@@ -140,10 +140,12 @@ def test_debug_checks_catch_a_write_to_a_foreign_page(monkeypatch: pytest.Monkey
 
     original = layout_mod.build_write_plan
 
-    def write_everything(strategy, current_locs, rank, cp_size, page_size):  # type: ignore[no-untyped-def]
-        plan = original(strategy, current_locs, rank, cp_size, page_size)
+    def write_everything(strategy, current_locs, local, rank, cp_size, page_size):  # type: ignore[no-untyped-def]
+        plan = original(strategy, current_locs, local, rank, cp_size, page_size)
         every = torch.arange(len(current_locs))
-        return WritePlan(every, plan.dest_rows.new_zeros(len(current_locs)))
+        return WritePlan(
+            every, plan.dest_rows.new_zeros(len(current_locs)), torch.tensor(current_locs)
+        )
 
     monkeypatch.setattr(layout_mod, "build_write_plan", write_everything)
     with pytest.raises(RuntimeError, match="does not own"):
