@@ -19,11 +19,13 @@ from cpkv import flag_commands, plan_command
 from cpkv.bench import run_bench
 from cpkv.builtin_trace import demo_trace
 from cpkv.explain import explain_trace
+from cpkv.pd import PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
 from cpkv.report import (
     render_bench,
     render_demo,
     render_explain,
+    render_pd,
     render_phases,
     render_verify_table,
 )
@@ -238,7 +240,8 @@ def demo(
     as_json: JsonOpt = False,
 ) -> None:
     """The main job on built-in defaults: a built-in trace through the gate, every registered
-    phase on, on a real gloo group, each level verified against the reference."""
+    phase on, on a real gloo group, each level verified against the reference; then every
+    request goes from the CP prefill ranks to a non-CP decode process over Mooncake."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=page_size)
         trace = demo_trace(page_size)
@@ -251,7 +254,52 @@ def demo(
             f"phases {sorted(int(p) for p in settings.enabled)} on"
         )
     report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json)
-    emit(as_json, report.to_json(), lambda: render_demo(out, report, deploy))
+    pd_report = _run_pd(trace, settings, timeout_s=30.0, retries=0)
+    document = report.to_json() | {"pd": pd_report.to_json()}
+
+    def render() -> None:
+        render_demo(out, report, deploy)
+        render_pd(out, pd_report)
+
+    emit(as_json, document, render)
+    raise typer.Exit(0 if report.ok and pd_report.ok else 1)
+
+
+def _pd_job(trace: Trace, settings: RunSettings) -> PdJob:
+    """The highest enabled level of ``settings`` as a PD job."""
+    level = levels_of(settings.enabled)[-1]
+    plans = level_plans(level, settings.enabled, settings.deploy, trace.batches, settings.ceiling)
+    return PdJob(settings.deploy, trace.batches, (level,), (tuple(p.plan for p in plans),))
+
+
+def _run_pd(trace: Trace, settings: RunSettings, timeout_s: float, retries: int) -> PdReport:
+    with err.status(f"prefill on {settings.deploy.cp_size} gloo ranks, transfer to decode"):
+        (report,), _ = run_pd(model_preset("tiny"), [_pd_job(trace, settings)], timeout_s, retries)
+    return report
+
+
+@app.command()
+def pd(
+    trace_path: TraceArg,
+    phases: PhasesOpt = None,
+    config: ConfigOpt = None,
+    cp_size: CpSizeOpt = None,
+    page_size: PageSizeOpt = None,
+    cp_mode: CpModeOpt = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds a transfer may take.")
+    ] = 30.0,
+    retries: Annotated[int, typer.Option("--retries", min=0, help="Retries per request.")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Prefill TRACE on CP ranks at the highest enabled level, transfer every request to a
+    non-CP decode process over Mooncake (TCP loopback), check the rebuilt KV byte for byte
+    and one decode step against the reference. Exit 0 only when every request checks out."""
+    with bad_input_exits():
+        settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
+        trace = load_trace(trace_path, settings.deploy.page_size)
+    report = _run_pd(trace, settings, timeout, retries)
+    emit(as_json, report.to_json(), lambda: render_pd(out, report))
     raise typer.Exit(0 if report.ok else 1)
 
 

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from cpkv.bench import BenchReport
 from cpkv.explain import ExplainReport
+from cpkv.pd import PdReport
 from cpkv.verify import VerifyReport
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.outputs import OUTPUT_ATOL
@@ -272,3 +273,33 @@ def _write_path_table(report: BenchReport) -> Table:
         ]
         table.add_row(str(batch), *cells)
     return table
+
+
+def render_pd(console: Console, report: PdReport) -> None:
+    """One row per request: ready, rebuilt KV, decode step, bytes each prefill rank sent."""
+    table = Table(title=f"PD: {report.cp_size} CP prefill ranks -> 1 non-CP decode server")
+    for name in ("rid", "level", "ready", "KV rebuilt", "decode |diff|", "bytes by rank"):
+        table.add_column(name, justify="right")
+    table.add_column("errors")
+    for r in report.requests:
+        diff = "-" if r.decode_max_abs_diff is None else f"{r.decode_max_abs_diff:.3g}"
+        table.add_row(
+            r.rid,
+            str(r.level),
+            "yes" if r.ready else "[red]no[/red]",
+            "equal" if r.kv_equal else "[red]differs[/red]",
+            diff,
+            " ".join(human_bytes(b) for b in r.bytes_by_rank),
+            "; ".join(r.errors) or "-",
+        )
+    console.print(table)
+    for error in report.errors:
+        console.print(f"[red]error:[/red] {error}")
+    if report.ok:
+        console.print(
+            f"[green]OK[/green]: {len(report.requests)} requests rebuilt byte for byte on the "
+            "decode side, decode step equal to the reference"
+        )
+    else:
+        bad = sum(not r.ok for r in report.requests)
+        console.print(f"[red]FAILED[/red]: {bad} request(s) did not transfer or check out")

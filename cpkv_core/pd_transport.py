@@ -7,10 +7,29 @@ peer's registered memory and returns when they have landed.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import Tensor
+
+LOG_DIR_ENV = "CPKV_TRANSFER_LOG_DIR"
+"""Where the engine's native logs go (default: the system temp dir)."""
+
+
+def _redirect_native_logs() -> None:
+    """Sends this process's native stderr to ``cpkv-transfer-<pid>.log``.
+
+    The engine logs every session through glog before any flag can quiet it, straight to
+    file descriptor 2; only processes that start an engine (decode server, prefill ranks)
+    call this, and Python errors still reach the parent through the spawn harness.
+    """
+    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.gettempdir()
+    path = os.path.join(log_dir, f"cpkv-transfer-{os.getpid()}.log")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 class TransferError(RuntimeError):
@@ -30,6 +49,7 @@ class Transport:
     """One process's transfer engine (``P2PHANDSHAKE``: no metadata server)."""
 
     def __init__(self, host: str = "127.0.0.1", protocol: str = "tcp") -> None:
+        _redirect_native_logs()
         from mooncake.engine import TransferEngine
 
         self._engine = TransferEngine()

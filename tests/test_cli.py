@@ -60,16 +60,14 @@ def test_verify_on_real_gloo_ranks(mixed_trace_path: Path) -> None:
     assert all(len(b["gathered_bytes_by_rank"]) == 4 for b in doc["batches"])
 
 
-def test_demo_runs_and_reports_a_verdict() -> None:
-    result = runner.invoke(app, ["demo", "--backend", "local", "--cp-size", "2"])
-    assert result.exit_code == 0, result.output
-    assert "OK: every batch equals the reference" in result.stdout
-
-
-def test_demo_json_round_trips() -> None:
+@pytest.mark.gloo
+def test_demo_runs_every_level_and_pd_and_reports_a_verdict() -> None:
     result = runner.invoke(app, ["demo", "--backend", "local", "--cp-size", "2", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["ok"] is True
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is True and [lv["level"] for lv in doc["levels"]] == [0, 1, 2, 3, 4, 5]
+    assert 5 in {b["phase"] for b in doc["batches"] if b["level"] == 5}
+    assert doc["pd"]["ok"] is True and len(doc["pd"]["requests"]) == 8
 
 
 @pytest.mark.parametrize(
@@ -109,3 +107,28 @@ def test_published_presets_are_for_planning_only(mixed_trace_path: Path) -> None
     )
     assert result.exit_code == 2
     assert "planning only" in result.stderr
+
+
+@pytest.mark.gloo
+def test_pd_json_round_trips(mixed_trace_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "pd",
+            str(mixed_trace_path),
+            "--phases",
+            "all",
+            "--cp-size",
+            "2",
+            "--page-size",
+            "4",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is True and doc["cp_size"] == 2
+    assert {r["rid"] for r in doc["requests"]} == set("abcdefg")
+    for request in doc["requests"]:
+        assert request["ok"] and request["kv_equal"] and request["decode_max_abs_diff"] == 0.0
+        assert len(request["bytes_by_rank"]) == 2
