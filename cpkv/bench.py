@@ -18,10 +18,12 @@ from cpkv.bench_kv import (
     KvShare,
     MaterializedBytes,
     PageBalance,
+    PdBytes,
     RemapCost,
     StepTime,
     WritePathBytes,
     bench_kv_share,
+    bench_pd,
     bench_remaps,
     bench_step_time,
     materialized_bytes,
@@ -128,6 +130,7 @@ class BenchReport:
     remaps: list[RemapCost]
     write_path: list[WritePathBytes]
     page_balance: list[PageBalance]
+    pd: list[PdBytes]
     step_time: list[StepTime]
     step_time_cp_size: int
     warnings: list[str]
@@ -154,6 +157,10 @@ class BenchReport:
             ],
             "page_balance": [
                 asdict(row) | {"max_over_min": row.max_over_min} for row in self.page_balance
+            ],
+            "pd": [
+                asdict(row) | {"max_share": row.max_share, "mib_per_second": row.mib_per_second}
+                for row in self.pd
             ],
             "step_time": {
                 "cp_size": self.step_time_cp_size,
@@ -193,6 +200,8 @@ def run_bench(
     page_bytes = (
         deploy.page_size * kv_bytes_per_token(model, deploy.index_k_dtype) * model.num_layers
     )
+    step(f"PD: {deploy.cp_size} prefill ranks -> decode over Mooncake loopback")
+    pd = bench_pd(model, deploy, batches, (0, 2, 5))
     return BenchReport(
         gate=gate,
         tail_bytes=tail,
@@ -200,6 +209,7 @@ def run_bench(
         materialized=materialized_bytes([results[2].run, results[3].run], batches),
         write_path=[row for row in write_path_bytes(results, chosen) if row.level >= 2],
         page_balance=page_balance(results, page_bytes),
+        pd=pd,
         remaps=remaps,
         step_time=times,
         step_time_cp_size=deploy.cp_size,

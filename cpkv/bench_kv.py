@@ -308,3 +308,47 @@ def page_balance(results: Sequence[LevelResult], page_bytes: int) -> list[PageBa
         for r in results
         if r.plans and r.plans[0].kv_layout is KvLayout.SHARDED
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class PdBytes:
+    """Bytes each prefill rank sent to the decode server for a whole trace, at one level."""
+
+    level: int
+    bytes_by_rank: tuple[int, ...]
+    write_seconds_by_rank: tuple[float, ...]
+
+    @property
+    def max_share(self) -> float:
+        """The busiest rank's share of the bytes (``1/cp_size`` is perfect)."""
+        return max(self.bytes_by_rank) / max(1, sum(self.bytes_by_rank))
+
+    @property
+    def mib_per_second(self) -> float:
+        """Loopback throughput: all bytes over the summed write time of all ranks."""
+        return sum(self.bytes_by_rank) / max(1e-9, sum(self.write_seconds_by_rank)) / 2**20
+
+
+def bench_pd(
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    batches: Sequence[BatchSpec],
+    levels: Sequence[int],
+) -> list[PdBytes]:
+    """Prefills ``batches`` at ``levels`` and sends every request to one decode process."""
+    from cpkv.pd import PdJob, run_pd
+
+    plans = _job(model, deploy, batches, levels).plans_by_level
+    (report,), (runs,) = run_pd(model, [PdJob(deploy, tuple(batches), tuple(levels), plans)])
+    if not report.ok:
+        raise RuntimeError(f"PD transfer failed in the bench: {report.errors or report.requests}")
+    rows = []
+    for level, run in zip(levels, runs, strict=True):
+        rows.append(
+            PdBytes(
+                level,
+                tuple(sum(s.bytes_sent for s in results) for results in run.pd),
+                tuple(sum(s.write_seconds for s in results) for results in run.pd),
+            )
+        )
+    return rows

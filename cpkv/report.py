@@ -254,6 +254,17 @@ def render_bench(console: Console, report: BenchReport) -> None:
     for t in report.step_time:
         steps.add_row(str(t.level), f"{t.seconds:.3f}", f"{t.ratio_to_level0:.2f}")
     console.print(steps)
+    pd = Table(title="PD: bytes each prefill rank sent for the demo trace (Mooncake, loopback)")
+    for name in ("level", "bytes by rank", "busiest share", "MiB/s"):
+        pd.add_column(name, justify="right")
+    for sent in report.pd:
+        pd.add_row(
+            str(sent.level),
+            " ".join(human_bytes(b) for b in sent.bytes_by_rank),
+            f"{sent.max_share:.3f}",
+            f"{sent.mib_per_second:.0f}",
+        )
+    console.print(pd)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 

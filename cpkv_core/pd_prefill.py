@@ -9,6 +9,7 @@ failure it keeps them, reports the error naming the request and rank, and may re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
@@ -59,6 +60,8 @@ class SendResult:
     released: bool
     """The rank freed the request's pages (only after the decode side's ack)."""
     errors: tuple[str, ...]
+    write_seconds: float = 0.0
+    """Wall time of this rank's transfer-engine writes for the request."""
 
 
 _transport: Transport | None = None
@@ -109,8 +112,12 @@ def _call(conn: Connection, message: object) -> object:
 
 def _start_attempt(
     engine: CPEngine, conn: Connection, target: PdTarget, rid: str, attempt: int
-) -> tuple[int, str]:
-    """Asks for pages, writes this rank's pieces, reports them: (bytes written, error)."""
+) -> tuple[int, float, str]:
+    """Asks for pages, writes this rank's pieces, reports them.
+
+    Returns:
+        (bytes written, write seconds, why pages were refused or "").
+    """
     rank = engine.comm.rank
     remote = target.rid_prefix + rid
     faults = target.faults if attempt == 0 else PdFaults()
@@ -120,17 +127,19 @@ def _start_attempt(
         conn, Alloc(remote, attempt, len(tokens), tokens, next_token, engine.deploy.cp_size)
     )
     if not isinstance(reply, AllocReply):
-        return 0, f"decode refused pages: {reply}"
+        return 0, 0.0, f"decode refused pages: {reply}"
     writes, positions = _writes(engine, reply, rid, rank, faults.fail == (rid, rank))
+    start = time.perf_counter()
     try:
         process_transport().write(reply.session, writes)
     except TransferError as exc:
         _call(conn, Fail(remote, attempt, rank, str(exc)))
-        return 0, str(exc)
+        return 0, 0.0, ""
+    seconds = time.perf_counter() - start
     sent = sum(w.length for w in writes)
     if faults.stall != (rid, rank):
         _call(conn, Done(remote, attempt, rank, positions, sent))
-    return sent, ""
+    return sent, seconds, ""
 
 
 def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> list[SendResult]:
@@ -150,6 +159,7 @@ def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> li
         ]
     )
     sent = dict.fromkeys(rids, 0)
+    seconds = dict.fromkeys(rids, 0.0)
     errors: dict[str, list[str]] = {rid: [] for rid in rids}
     ready: set[str] = set()
     attempts = dict.fromkeys(rids, 0)
@@ -159,7 +169,13 @@ def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> li
             for attempt in range(target.retries + 1):
                 for rid in todo:
                     attempts[rid] = attempt + 1
-                    sent[rid], _ = _start_attempt(engine, conn, target, rid, attempt)
+                    sent[rid], seconds[rid], refused = _start_attempt(
+                        engine, conn, target, rid, attempt
+                    )
+                    if refused:
+                        errors[rid].append(
+                            f"request {rid} rank {rank} attempt {attempt}: {refused}"
+                        )
                 for rid in todo:
                     verdict = _call(conn, Await(target.rid_prefix + rid, attempt))
                     assert isinstance(verdict, Verdict), verdict
@@ -179,7 +195,14 @@ def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> li
         transport.close()
     return [
         SendResult(
-            rid, rank, rid in ready, attempts[rid], sent[rid], rid in ready, tuple(errors[rid])
+            rid=rid,
+            rank=rank,
+            ready=rid in ready,
+            attempts=attempts[rid],
+            bytes_sent=sent[rid],
+            released=rid in ready,
+            errors=tuple(errors[rid]),
+            write_seconds=seconds[rid],
         )
         for rid in rids
     ]
