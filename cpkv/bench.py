@@ -30,7 +30,6 @@ from cpkv.bench_kv import (
     page_balance,
     write_path_bytes,
 )
-from cpkv.builtin_trace import demo_trace
 from cpkv.runner import Backend, RankJob, num_pages_for, run_levels
 from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
@@ -173,18 +172,19 @@ class BenchReport:
 def run_bench(
     model: ModelConfig,
     deploy: DeploymentConfig,
+    batches: Sequence[BatchSpec],
     repeats: int = 3,
     warnings: Sequence[str] = (),
     debug_checks: bool = False,
     on_step: Callable[[str], None] | None = None,
 ) -> BenchReport:
-    """Runs every figure; ``on_step`` hears the name of each figure as it starts."""
+    """Runs every figure on ``batches`` (the built-in trace by default in the CLI);
+    ``on_step`` hears the name of each figure as it starts."""
 
     def step(name: str) -> None:
         if on_step is not None:
             on_step(name)
 
-    batches = demo_trace(deploy.page_size).batches
     step("gate decision time")
     gate = bench_gate(deploy)
     step("phase-1 tail bytes")

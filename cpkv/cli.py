@@ -205,6 +205,9 @@ def bench(
     repeats: Annotated[
         int, typer.Option("--repeats", min=1, help="Timed rounds per figure, after a warm-up.")
     ] = 3,
+    trace_path: Annotated[
+        Path | None, typer.Option("--trace", help="Trace to measure (default: the built-in one).")
+    ] = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -213,7 +216,7 @@ def bench(
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
         flags = resolve_flags(config).flags
-        demo_trace(page_size)  # the built-in trace must fit the page size (prefix hits)
+        trace = demo_trace(page_size) if trace_path is None else load_trace(trace_path, page_size)
     warning = debug_benchmark_warning(flags)
     if warning:
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
@@ -221,6 +224,7 @@ def bench(
         report = run_bench(
             model_preset("tiny"),
             deploy,
+            trace.batches,
             repeats,
             warnings=[warning] if warning else [],
             debug_checks=flags.debug_cp_shared_kv,

@@ -202,7 +202,7 @@ def render_bench(console: Console, report: BenchReport) -> None:
             f"{row.ratio:.4f}",
         )
     console.print(tail)
-    share = Table(title="phase 2: persistent KV per rank after the demo trace")
+    share = Table(title="phase 2: persistent KV per rank after the trace")
     for name in (
         "cp_size",
         "replicated",
@@ -246,15 +246,13 @@ def render_bench(console: Console, report: BenchReport) -> None:
     for b in report.page_balance:
         balance.add_row(str(b.level), " ".join(map(str, b.pages_by_rank)), f"{b.max_over_min:.2f}")
     console.print(balance)
-    steps = Table(
-        title=f"end-to-end prefill of the demo trace, {report.step_time_cp_size} gloo ranks"
-    )
+    steps = Table(title=f"end-to-end prefill of the trace, {report.step_time_cp_size} gloo ranks")
     for name in ("level", "seconds (median)", "ratio to level 0"):
         steps.add_column(name, justify="right")
     for t in report.step_time:
         steps.add_row(str(t.level), f"{t.seconds:.3f}", f"{t.ratio_to_level0:.2f}")
     console.print(steps)
-    pd = Table(title="PD: bytes each prefill rank sent for the demo trace (Mooncake, loopback)")
+    pd = Table(title="PD: bytes each prefill rank sent for the trace (Mooncake, loopback)")
     for name in ("level", "bytes by rank", "busiest share", "MiB/s"):
         pd.add_column(name, justify="right")
     for sent in report.pd:

@@ -116,7 +116,10 @@ def test_bad_phase_list_exits_2() -> None:
 
 
 def test_bench_json_reports_every_figure() -> None:
-    result = runner.invoke(app, ["bench", "--repeats", "1", "--json"])
+    trace = str(DATA / "long.jsonl")
+    result = runner.invoke(
+        app, ["bench", "--trace", trace, "--page-size", "16", "--repeats", "1", "--json"]
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [g["bs"] for g in doc["gate"]] == [1, 32, 256]

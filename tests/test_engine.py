@@ -54,13 +54,15 @@ def test_long_requests_take_phase_5_and_match_reference_bitwise(
 @pytest.mark.parametrize("cp_mode", list(CpMode))
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("cp_size", [1, 2, 3, 4])
-def test_every_level_matches_reference_bitwise(
+def test_levels_0_to_3_match_reference_bitwise(
     cp_size: int, page_size: int, cp_mode: CpMode
 ) -> None:
     deploy = make_deploy(cp_size, page_size, cp_mode)
     batches = mixed_trace(page_size).batches
+    # NOTE: phases 4 and 5 fall back on every batch of this trace (each has a short
+    # request); the long-request grid above covers levels 4 and 5.
     enabled = frozenset(REGISTERED_PHASES)
-    levels = {lv: level_plans(lv, enabled, deploy, batches) for lv in levels_of(enabled)}
+    levels = {lv: level_plans(lv, enabled, deploy, batches) for lv in range(4)}
     report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL)
     assert_every_level_matches(report, len(batches))
 
