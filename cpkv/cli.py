@@ -208,14 +208,13 @@ def bench(
     trace_path: Annotated[
         Path | None, typer.Option("--trace", help="Trace to measure (default: the built-in one).")
     ] = None,
-    config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Performance figures, measured side by side in one run: bytes counted exactly, times as
     medians after a warm-up, headline figures as ratios."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
-        flags = resolve_flags(config).flags
+        flags = resolve_flags().flags  # the debug checks and their warning come from the env
         trace = demo_trace(page_size) if trace_path is None else load_trace(trace_path, page_size)
     warning = debug_benchmark_warning(flags)
     if warning:

@@ -45,14 +45,19 @@ def check_startup(phase: Phase, deploy: DeploymentConfig) -> list[Reason]:
     try:
         contract.model_validate(values)
     except ValidationError as exc:
-        return [
-            Reason(
-                ReasonCode.STARTUP_CONTRACT,
-                f"{_field(err['loc'])}={values.get(_field(err['loc']))!s}: {err['msg']}",
-            )
-            for err in exc.errors()
-        ]
+        return [_contract_reason(contract, values, err["loc"], err["msg"]) for err in exc.errors()]
     return []
+
+
+def _contract_reason(
+    contract: type[BaseModel], values: dict[str, object], loc: tuple[int | str, ...], msg: str
+) -> Reason:
+    """``STARTUP_CONTRACT field=value: requirement``, the requirement being the field's
+    documented rule (its attribute docstring) rather than pydantic's wording."""
+    name = _field(loc)
+    field = contract.model_fields.get(name)
+    rule = field.description if field is not None and field.description else msg
+    return Reason(ReasonCode.STARTUP_CONTRACT, f"{name}={values.get(name)!s}: {rule}")
 
 
 def _field(loc: tuple[int | str, ...]) -> str:

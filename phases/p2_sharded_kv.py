@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig, TransferBackend
@@ -25,14 +25,12 @@ from phases.reasons import Reason
 class ShardedKVStartup(BaseModel):
     """Sharded KV needs a decode side that can rebuild the full layout from owned pages."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    decode_cp_size: Literal[1] = Field(
-        description="the decode server must not be CP: it rebuilds the full layout"
-    )
-    """The decode server's CP size; must be 1 (it rebuilds the full layout itself)."""
     pd_backend: Literal[TransferBackend.MOONCAKE] | None
-    """PD transfer engine: Mooncake (owned-page transfer with logical positions) or no PD."""
+    """needs Mooncake (owned-page transfer with logical positions) or no PD"""
+    decode_cp_size: Literal[1]
+    """needs a non-CP decode server (1): it rebuilds the full layout from owned pages"""
 
 
 class ShardedKV:

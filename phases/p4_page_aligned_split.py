@@ -26,10 +26,10 @@ from phases.reasons import Reason, ReasonCode
 class PageAlignedSplitStartup(BaseModel):
     """Page alignment cuts zigzag segments; round-robin has no segments to align."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     cp_mode: Literal[CpMode.IN_SEQ_SPLIT]
-    """Must be the in-seq (zigzag) split."""
+    """needs in-seq-split (zigzag): round-robin has no segments to align"""
 
 
 def short_request_reason(
