@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cpkv import flag_commands, plan_command
 from cpkv.bench import run_bench
 from cpkv.builtin_trace import demo_trace
+from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from cpkv.explain import explain_trace
 from cpkv.pd import PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
@@ -44,14 +39,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-out = Console()
-err = Console(stderr=True)
 
 TraceArg = Annotated[Path, typer.Argument(metavar="TRACE", help="Trace file (JSON Lines).")]
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", help="Config file (else $CPKV_CONFIG, else ./cpkv.toml)."),
-]
 PhasesOpt = Annotated[
     str | None,
     typer.Option("--phases", help="Enabled phases for this run: LIST (e.g. 1,2), all or none."),
@@ -70,34 +59,6 @@ ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (runs need 
 IndexDtypeOpt = Annotated[
     IndexKDtype, typer.Option("--index-k-dtype", help="Storage dtype of the indexer key cache.")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-
-
-class BadInput(Exception):
-    """Bad input or usage: reported on stderr, exit code 2."""
-
-
-@contextmanager
-def bad_input_exits() -> Iterator[None]:
-    """Turns bad input (trace, flags, options) into a message on stderr and exit code 2."""
-    try:
-        yield
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        err.print(f"[red]error:[/red] {escape(where)}: {escape(first['msg'])}", highlight=False)
-        raise typer.Exit(2) from exc
-    except (BadInput, ValueError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from exc
-
-
-def emit(as_json: bool, document: dict[str, Any], render: Callable[[], None]) -> None:
-    """Prints ``document`` as JSON on stdout, or calls ``render`` for people."""
-    if as_json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    else:
-        render()
 
 
 def _runnable_model(name: str) -> ModelConfig:

@@ -6,19 +6,15 @@ Exit codes: 0 ok; 1 start-up problems (``flags``) or a refused change (``enable`
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cpkv.console import ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from flags import (
     FLAG_SPECS,
     Action,
@@ -37,31 +33,7 @@ from flags import (
 )
 from phases import PhaseId
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", help="Config file (else $CPKV_CONFIG, else ./cpkv.toml)."),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 PhaseArg = Annotated[int, typer.Argument(metavar="N", help="Phase number, 1..5.")]
-
-
-@contextmanager
-def _bad_input_exits() -> Iterator[None]:
-    try:
-        yield
-    except ValueError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from exc
-
-
-def _emit(as_json: bool, document: dict[str, Any], render: Callable[[], None]) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    else:
-        render()
 
 
 def _jsonable(value: object) -> object:
@@ -91,7 +63,7 @@ def flags_command(
 
     Exits 1 when there are start-up problems.
     """
-    with _bad_input_exits():
+    with bad_input_exits():
         ignored: tuple[str, ...] | None = None
         if from_sglang is not None:
             if config is not None or set_values:
@@ -103,7 +75,7 @@ def flags_command(
             resolved = resolve_flags(config, cli)
     problems = check_flags(resolved.flags)
     document = _flags_document(resolved, problems, ignored)
-    _emit(as_json, document, lambda: _render_flags(document, problems))
+    emit(as_json, document, lambda: _render_flags(document, problems))
     raise typer.Exit(1 if problems else 0)
 
 
@@ -183,11 +155,11 @@ def _render_flags(document: dict[str, Any], problems: list[Problem]) -> None:
 def _change_command(
     action: Action, phase_number: int, extend: bool, config: Path | None, as_json: bool
 ) -> None:
-    with _bad_input_exits():
+    with bad_input_exits():
         phase = _phase(phase_number)
         path = locate_config(config).path
         change = apply_change(plan_change(path, action, phase, extend))
-    _emit(as_json, change.to_json(), lambda: _render_change(change))
+    emit(as_json, change.to_json(), lambda: _render_change(change))
     raise typer.Exit(1 if change.refused else 0)
 
 

@@ -6,15 +6,10 @@ not cover one page, or at level >= 2 the materialization scratch plus one page).
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from cpkv.capacity import (
@@ -26,30 +21,11 @@ from cpkv.capacity import (
     LevelCapacity,
     plan_capacity,
 )
+from cpkv.console import bad_input_exits, emit, out
 from cpkv.report import human_bytes
 from cpkv_core.config import MODEL_PRESETS, model_preset
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
 MODEL_CHOICES = "|".join(MODEL_PRESETS)
-
-
-@contextmanager
-def _bad_input_exits() -> Iterator[None]:
-    # NOTE: cpkv.cli imports this module, so its helpers cannot be imported back here.
-    try:
-        yield
-    except ValueError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from exc
-
-
-def _emit(as_json: bool, document: dict[str, Any], render: Callable[[], None]) -> None:
-    if as_json:
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
-    else:
-        render()
 
 
 def plan_command(
@@ -85,10 +61,10 @@ def plan_command(
 ) -> None:
     """KV memory and token capacity per rank and per deployment: level 0 (replicated KV)
     vs levels >= 2 (sharded KV, materialization scratch counted)."""
-    with _bad_input_exits():
+    with bad_input_exits():
         model = model_preset(model_name)
         plan = plan_capacity(model, cp_size, page_size, gpu_mem_gib, mem_fraction, max_view_tokens)
-    _emit(as_json, plan.to_json(), lambda: render_plan(out, plan))
+    emit(as_json, plan.to_json(), lambda: render_plan(out, plan))
 
 
 def _level_row(level: LevelCapacity, cp_size: int) -> tuple[str, ...]:
