@@ -79,6 +79,7 @@ def _run_verify(
     levels = {
         lv: level_plans(lv, settings.enabled, deploy, trace.batches, settings.ceiling)
         for lv in levels_of(settings.enabled)
+        if settings.ceiling is None or lv <= settings.ceiling
     }
     debug = settings.debug_checks
     if not show_progress:

@@ -6,8 +6,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype
-from flags import resolve_flags
+from flags import FlagError, ProblemCode, check_flags, resolve_flags
 from phases.ids import PhaseId, parse_phase_list
+
+VALUE_PROBLEMS = frozenset(
+    {
+        ProblemCode.CP_SIZE_BELOW_ONE,
+        ProblemCode.PAGE_SIZE_BELOW_ONE,
+        ProblemCode.DECODE_CP_SIZE_BELOW_ONE,
+        ProblemCode.MAX_PHASE_OUT_OF_RANGE,
+    }
+)
+"""Problems that make a run meaningless; combination problems are the gate's to report."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +53,9 @@ def resolve_run(
     if cp_mode is not None:
         cli["nsa_prefill_cp_mode"] = cp_mode
     flags = resolve_flags(config, cli).flags
+    bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
+    if bad_values:
+        raise FlagError("; ".join(f"{p} ({p.hint})" for p in bad_values))
     deploy = DeploymentConfig.model_validate(
         flags.deployment().model_dump() | {"index_k_dtype": index_k_dtype}
     )
