@@ -233,6 +233,8 @@ def demo(
 def _pd_job(trace: Trace, settings: RunSettings) -> PdJob:
     """The highest enabled level of ``settings`` as a PD job."""
     level = levels_of(settings.enabled)[-1]
+    if settings.ceiling is not None:
+        level = min(level, settings.ceiling)
     plans = level_plans(level, settings.enabled, settings.deploy, trace.batches, settings.ceiling)
     return PdJob(settings.deploy, trace.batches, (level,), (tuple(p.plan for p in plans),))
 

@@ -4,8 +4,9 @@ It owns a paged pool, an allocator and page tables (one full copy, no CP). For e
 attempt it allocates pages, tells the prefill ranks where to write (registered memory), and
 marks the attempt ready only when every rank has reported its pieces landed and the pieces
 cover every page position exactly once; only then does it acknowledge. A rank's failure, a
-timeout or a missing page fails the attempt: its pages are released (nothing else in the
-pool changes) and the request can be retried as a new attempt. A ready request can run one
+timeout or a missing page fails the attempt: its pages are released once no sender can
+still write into them (nothing else in the pool changes) and the request can be retried as
+a new attempt on fresh pages. A ready request can run one
 decode step of the model on the rebuilt KV.
 """
 
@@ -65,6 +66,14 @@ class Attempt:
     state: AttemptState = AttemptState.PENDING
     reason: str = ""
     done: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    settled: set[int] = field(default_factory=set)
+    """Senders that can no longer write into this attempt's pages (Done, Fail or Await)."""
+    released: bool = False
+
+    @property
+    def key(self) -> str:
+        """The attempt's name in the decode allocator: a retry never reuses its pages."""
+        return f"{self.rid}#{self.attempt}"
 
 
 def tensor_bytes(obj: object) -> bytes:
@@ -78,7 +87,8 @@ class DecodeServer:
     """Serves ``pd_protocol`` messages on a loopback listener; see the module docstring.
 
     Invariant: a request is READY only if every sender reported Done and the reported page
-    positions are exactly ``0..pages-1``; a FAILED attempt holds no pages.
+    positions are exactly ``0..pages-1``; a FAILED attempt's pages are freed only once every
+    sender has settled (Done, Fail or Await), and a retry always gets fresh pages.
     """
 
     def __init__(
@@ -174,15 +184,15 @@ class DecodeServer:
             if current is not None and current.state is not AttemptState.FAILED:
                 return ErrorReply(f"{msg.rid} is {current.state}; only a failed request is retried")
             allocator = self.model.allocator
-            allocator.allocate(RequestSpec(msg.rid, 0, msg.seq_len))
-            self.model.ledger.adopt(msg.rid, list(msg.token_ids))
+            key = Attempt(msg.rid, msg.attempt, 0, 0, 0, 0, 0.0).key
+            allocator.allocate(RequestSpec(key, 0, msg.seq_len))
             attempt = Attempt(
                 msg.rid,
                 msg.attempt,
                 msg.seq_len,
                 msg.next_token,
                 msg.senders,
-                len(allocator.page_table(msg.rid)),
+                len(allocator.page_table(key)),
                 time.monotonic() + self.timeout_s,
             )
             self.attempts[msg.rid] = attempt
@@ -200,7 +210,7 @@ class DecodeServer:
             attempt.rid,
             attempt.attempt,
             self.transport.session,
-            self.model.allocator.page_table(attempt.rid),
+            self.model.allocator.page_table(attempt.key),
             targets,
         )
 
@@ -209,14 +219,26 @@ class DecodeServer:
         return attempt if attempt is not None and attempt.attempt == number else None
 
     def _fail(self, attempt: Attempt, reason: str) -> None:
-        """Fails a pending attempt and releases its pages; the caller holds the lock."""
+        """Fails a pending attempt; the caller holds the lock. Its pages stay quarantined
+        until every sender has settled, so a late write can never land in reused pages."""
         if attempt.state is not AttemptState.PENDING:
             return
         attempt.state = AttemptState.FAILED
         attempt.reason = reason
-        self.model.allocator.release(attempt.rid)
         self.history.setdefault(attempt.rid, []).append(f"attempt {attempt.attempt}: {reason}")
+        self._release_if_settled(attempt)
         self.cond.notify_all()
+
+    def _settle(self, attempt: Attempt, rank: int) -> None:
+        attempt.settled.add(rank)
+        self._release_if_settled(attempt)
+
+    def _release_if_settled(self, attempt: Attempt) -> None:
+        """Frees a failed attempt's pages once no sender can write into them any more."""
+        settled = attempt.settled >= set(range(attempt.senders))
+        if attempt.state is AttemptState.FAILED and not attempt.released and settled:
+            self.model.allocator.release(attempt.key)
+            attempt.released = True
 
     def _on_fail(self, msg: Fail) -> Verdict:
         with self.cond:
@@ -224,6 +246,7 @@ class DecodeServer:
             if attempt is None:
                 return Verdict(msg.rid, msg.attempt, False, "unknown attempt")
             self._fail(attempt, f"rank {msg.rank}: {msg.reason}")
+            self._settle(attempt, msg.rank)
             return Verdict(msg.rid, msg.attempt, False, attempt.reason)
 
     def _on_done(self, msg: Done) -> None:
@@ -231,16 +254,20 @@ class DecodeServer:
             os._exit(17)
         with self.cond:
             attempt = self._attempt(msg.rid, msg.attempt)
-            if attempt is not None and attempt.state is AttemptState.PENDING:
+            if attempt is None:
+                return
+            if attempt.state is AttemptState.PENDING:
                 attempt.done[msg.rank] = msg.positions
                 if len(attempt.done) == attempt.senders:
                     self._complete(attempt)
+            self._settle(attempt, msg.rank)
 
     def _on_await(self, msg: Await) -> Verdict:
         with self.cond:
             attempt = self._attempt(msg.rid, msg.attempt)
             if attempt is None:
                 return Verdict(msg.rid, msg.attempt, False, "unknown attempt")
+            self._settle(attempt, msg.rank)
             self._await_verdict(attempt)
             return Verdict(
                 msg.rid, msg.attempt, attempt.state is AttemptState.READY, attempt.reason
@@ -278,22 +305,22 @@ class DecodeServer:
     def _report(self, attempt: Attempt) -> RequestReport:
         history = "; ".join(self.history.get(attempt.rid, []))
         allocator = self.model.allocator
-        pages = len(allocator.page_table(attempt.rid)) if attempt.rid in allocator else 0
+        pages = len(allocator.page_table(attempt.key)) if attempt.key in allocator else 0
         if attempt.state is not AttemptState.READY:
             state = history or f"attempt {attempt.attempt} {attempt.state}"
             return RequestReport(attempt.rid, False, state, pages)
-        locs = torch.tensor(allocator.req_to_token(attempt.rid)[: attempt.seq_len])
+        locs = torch.tensor(allocator.req_to_token(attempt.key)[: attempt.seq_len])
         kv = [self.model.pool.read(layer, locs) for layer in range(len(self.model.pool.layers))]
         rows = [(k.latent, k.index_k.view(torch.uint8), k.index_k_scale) for k in kv]
         if attempt.rid not in self.decoded:
-            step = RequestSpec(attempt.rid, attempt.seq_len, 1)
+            step = RequestSpec(attempt.key, attempt.seq_len, 1)
             out = self.model.run_request(step, [attempt.next_token])
             self.decoded[attempt.rid] = (out.last_hidden, out.logits)
         return RequestReport(
             attempt.rid,
             True,
             history,
-            len(self.model.allocator.page_table(attempt.rid)),
+            len(self.model.allocator.page_table(attempt.key)),
             tensor_bytes(rows),
             tensor_bytes(self.decoded[attempt.rid]),
         )

@@ -177,7 +177,7 @@ def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> li
                             f"request {rid} rank {rank} attempt {attempt}: {refused}"
                         )
                 for rid in todo:
-                    verdict = _call(conn, Await(target.rid_prefix + rid, attempt))
+                    verdict = _call(conn, Await(target.rid_prefix + rid, attempt, rank))
                     assert isinstance(verdict, Verdict), verdict
                     if verdict.ready:
                         engine.allocator.release(rid)  # page reuse waits for the ack

@@ -71,10 +71,15 @@ class Fail:
 
 @dataclass(frozen=True, slots=True)
 class Await:
-    """A prefill rank waits for an attempt's verdict (the decode side enforces timeouts)."""
+    """A prefill rank waits for an attempt's verdict (the decode side enforces timeouts).
+
+    Sent after the rank's own write for the attempt, so it also tells the decode side that
+    this rank will not write into the attempt's pages any more.
+    """
 
     rid: str
     attempt: int
+    rank: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,9 @@ first page may be partial (a chunk that resumes mid-page) and so may the last. W
 are dealt to the ``2 * cp_size`` blocks as evenly as possible (block ``k`` gets
 ``P // S + (1 if k < P % S else 0)`` pages), and rank ``r`` computes blocks ``r`` and
 ``2 * cp_size - 1 - r`` as in the token-balanced zigzag. Token counts of the blocks then
-differ (partial pages, uneven page counts), which is why the local q / indexer weights are
-split by :func:`local_pair_lengths`, never by half.
+differ (partial pages, uneven page counts), which is why a rank's local q / indexer
+weights follow its real segment rows (the engine indexes each request's rows from the
+split's local token indices; :func:`local_pair_lengths` states the pair), never a half.
 
 A request with fewer than ``2 * cp_size`` pages cannot give every block a page: it is short
 and keeps the token-balanced split. Because the split is one per batch, a batch with any

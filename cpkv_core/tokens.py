@@ -57,10 +57,6 @@ class TokenLedger:
         """
         return list(self._known(rid))
 
-    def adopt(self, rid: str, tokens: list[int]) -> None:
-        """Records the tokens a request already has, e.g. as received from a prefill server."""
-        self._tokens[rid] = list(tokens)
-
     def extend(self, req: RequestSpec, vocab_size: int) -> list[int]:
         """Records ``req``'s chunk and returns its token ids.
 
