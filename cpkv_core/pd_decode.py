@@ -120,6 +120,8 @@ class DecodeServer:
         self.cond = threading.Condition()
         self.attempts: dict[str, Attempt] = {}
         """The latest attempt of every rid."""
+        self.every_attempt: dict[tuple[str, int], Attempt] = {}
+        """Every attempt, older failed ones included (their pages may be quarantined)."""
         self.history: dict[str, list[str]] = {}
         self.decoded: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         """Decode-step outputs (last hidden, logits) of ready requests, computed once."""
@@ -196,6 +198,7 @@ class DecodeServer:
                 time.monotonic() + self.timeout_s,
             )
             self.attempts[msg.rid] = attempt
+            self.every_attempt[msg.rid, msg.attempt] = attempt
             return self._alloc_reply(attempt)
 
     def _alloc_reply(self, attempt: Attempt) -> AllocReply:
@@ -215,8 +218,7 @@ class DecodeServer:
         )
 
     def _attempt(self, rid: str, number: int) -> Attempt | None:
-        attempt = self.attempts.get(rid)
-        return attempt if attempt is not None and attempt.attempt == number else None
+        return self.every_attempt.get((rid, number))
 
     def _fail(self, attempt: Attempt, reason: str) -> None:
         """Fails a pending attempt; the caller holds the lock. Its pages stay quarantined

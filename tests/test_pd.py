@@ -11,8 +11,10 @@ from cpkv.pd import PdJob, run_pd
 from cpkv_core.config import model_preset
 from cpkv_core.kv_pool import kv_bytes_per_token
 from cpkv_core.ownership import owner_of_page
+from cpkv_core.pd_decode import DecodeServer
 from cpkv_core.pd_pack import runs_for_rank
 from cpkv_core.pd_prefill import PdFaults
+from cpkv_core.pd_protocol import Alloc, AllocReply, Await, Fail
 from cpkv_core.trace import load_trace
 from phases.gate import level_plans
 from phases.ids import PhaseId
@@ -124,3 +126,26 @@ def test_decode_server_killed_mid_transfer_marks_nothing_ready() -> None:
         assert not result.ready
         assert not any(result.released_by_rank)  # prefill keeps the pages for a retry
         assert any("unreachable" in e for e in result.errors)
+
+
+def test_failed_attempt_pages_stay_quarantined_until_every_sender_settled() -> None:
+    """In-process decode server, handlers called directly: a late write from a failed
+    attempt can never land in pages a retry or another request holds."""
+    server = DecodeServer(TINY, 4, make_deploy().index_k_dtype, 64, 5.0, b"k")
+    try:
+        first = server._on_alloc(Alloc("r", 0, 10, tuple(range(10)), 3, senders=2))
+        assert isinstance(first, AllocReply)
+        free_before = server.model.allocator.num_free_pages
+        server._on_fail(Fail("r", 0, 0, "write rejected"))
+        assert server.model.allocator.num_free_pages == free_before  # rank 1 may still write
+        retry = server._on_alloc(Alloc("r", 1, 10, tuple(range(10)), 3, senders=2))
+        assert isinstance(retry, AllocReply)
+        assert set(retry.page_table).isdisjoint(first.page_table)
+        verdict = server._on_await(Await("r", 0, 1))  # rank 1 is done with attempt 0
+        assert not verdict.ready
+        assert server.model.allocator.num_free_pages == free_before - len(retry.page_table) + len(
+            first.page_table
+        )
+    finally:
+        server.transport.close()
+        server.listener.close()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpkv.runner import RankJob, num_pages_for, run_jobs_on_gloo, run_reference
+from cpkv.runner import Backend, RankJob, num_pages_for, run_jobs_on_gloo, run_reference
+from cpkv.verify import verify_levels
 from cpkv_core.comm import Communicator, LocalGroup, run_local
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
 from cpkv_core.engine import CPEngine
@@ -133,6 +134,15 @@ def test_hot_path_runs_on_the_meta_device() -> None:
 def test_debug_checks_pass_on_a_correct_run() -> None:
     engines = run_engines(make_deploy(3, 4, CpMode.ROUND_ROBIN_SPLIT), level=3, debug_checks=True)
     assert len(engines[0].written_pages) > 0
+
+
+def test_debug_checks_pass_with_compute_owner_writes() -> None:
+    deploy = make_deploy(2, 4)
+    batches = load_trace(DATA / "long.jsonl", 4).batches
+    levels = {5: level_plans(5, ALL, deploy, batches)}
+    assert 5 in {p.phase for p in levels[5]}
+    report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL, debug_checks=True)
+    assert report.ok
 
 
 def test_debug_checks_catch_a_write_to_a_foreign_page(monkeypatch: pytest.MonkeyPatch) -> None:
