@@ -11,12 +11,13 @@ from functools import partial
 
 from cpkv.runner import Backend, LevelRun, RankJob, num_pages_for, run_jobs_on_gloo, run_levels
 from cpkv_core.batch import BatchSpec, RequestSpec
-from cpkv_core.comm import Communicator, run_local
+from cpkv_core.comm import Communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.engine import CPEngine
 from cpkv_core.kv_access import materialize
 from cpkv_core.kv_pool import kv_bytes_per_token
 from cpkv_core.layout import build_read_plan
+from cpkv_core.local_group import run_local
 from cpkv_core.plan import ExecutionPlan, KvLayout, KvReadStrategy, KvWriteStrategy
 from phases.gate import level_plans
 from phases.ids import PhaseId

@@ -11,10 +11,11 @@ import torch
 
 from cpkv_core.allocation import pages_for_trace
 from cpkv_core.batch import BatchSpec
-from cpkv_core.comm import Communicator, new_group_communicator, run_local
+from cpkv_core.comm import Communicator, new_group_communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.engine import CPEngine
 from cpkv_core.launch import ProgressEvent, report_progress, spawn_group
+from cpkv_core.local_group import run_local
 from cpkv_core.outputs import BatchOutput, RankBatchOutput, merge_rank_outputs
 from cpkv_core.pd_prefill import PdTarget, SendResult, send_requests
 from cpkv_core.plan import ExecutionPlan, KvLayout

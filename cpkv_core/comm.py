@@ -1,9 +1,9 @@
 """Communication layer: the one module that imports ``torch.distributed``.
 
 Everything above talks to a ``Communicator``: a real process group
-(``TorchDistCommunicator``, gloo on CPU, NCCL on CUDA) or an in-process group of threads
-(``LocalGroup``, for fast property tests). Both count the bytes of every collective under
-a caller-chosen tag in ``CommStats``.
+(``TorchDistCommunicator``, gloo on CPU, NCCL on CUDA, here) or an in-process group of
+threads (``local_group.LocalGroup``, for fast property tests). Both count the bytes of
+every collective under a caller-chosen tag in ``CommStats``.
 
 Byte accounting, per rank: an all-gather of a local tensor of ``B`` bytes over a group of
 ``W`` ranks records ``contributed = B`` (what this rank sends in) and ``gathered = W * B``
@@ -13,11 +13,10 @@ results (``gather_objects``) are bookkeeping, not KV traffic, and are not counte
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol, TypeVar, cast
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -27,16 +26,12 @@ __all__ = [
     "CollectiveStats",
     "CommStats",
     "Communicator",
-    "LocalCommunicator",
-    "LocalGroup",
     "TorchDistCommunicator",
     "destroy_process_group",
     "init_process_group",
     "new_group_communicator",
-    "run_local",
+    "record_all_gather",
 ]
-
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -122,7 +117,7 @@ class Communicator(Protocol):
         ...
 
 
-def _record_all_gather(stats: CommStats, tag: str, tensor: Tensor, world_size: int) -> None:
+def record_all_gather(stats: CommStats, tag: str, tensor: Tensor, world_size: int) -> None:
     contributed = tensor.numel() * tensor.element_size()
     stats.record(tag, contributed, world_size * contributed)
 
@@ -164,7 +159,7 @@ class TorchDistCommunicator:
 
     def all_gather(self, tensor: Tensor, tag: str) -> Tensor:
         """See ``Communicator.all_gather``."""
-        _record_all_gather(self.stats, tag, tensor, self.world_size)
+        record_all_gather(self.stats, tag, tensor, self.world_size)
         wire = tensor.contiguous()
         if _is_float8(tensor.dtype):
             wire = wire.view(torch.uint8)
@@ -230,113 +225,3 @@ def destroy_process_group() -> None:
     """Destroys the default process group if one is initialised."""
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-class LocalGroup:
-    """An in-process group of ``world_size`` ranks, one thread per rank.
-
-    Collectives rendezvous on a ``threading.Barrier``; ``abort()`` (or a wait longer than
-    ``timeout_s``) breaks it so no rank waits forever for a rank that died.
-    """
-
-    def __init__(self, world_size: int, timeout_s: float | None = 120.0) -> None:
-        if world_size < 1:
-            raise ValueError(f"LocalGroup world_size must be >= 1, got {world_size}")
-        self.world_size = world_size
-        self._barrier = threading.Barrier(world_size, timeout=timeout_s)
-        self._slots: list[object] = [None] * world_size
-        self._comms = [LocalCommunicator(self, rank) for rank in range(world_size)]
-
-    def communicators(self) -> list[LocalCommunicator]:
-        """One communicator per rank, in rank order; use each from its own thread."""
-        return list(self._comms)
-
-    def abort(self) -> None:
-        """Breaks the rendezvous: ranks waiting (now or later) raise BrokenBarrierError."""
-        self._barrier.abort()
-
-    def exchange(self, rank: int, obj: object) -> list[object]:
-        """Every rank posts ``obj`` and gets all ranks' objects, in rank order."""
-        self._slots[rank] = obj
-        self._barrier.wait()
-        gathered = list(self._slots)
-        # NOTE: the second wait keeps a fast rank from overwriting its slot with the next
-        # collective's object before every rank has read this one.
-        self._barrier.wait()
-        return gathered
-
-
-class LocalCommunicator:
-    """A ``Communicator`` for one rank of a ``LocalGroup``."""
-
-    def __init__(self, group: LocalGroup, rank: int) -> None:
-        self.group = group
-        self.rank = rank
-        self.world_size = group.world_size
-        self.stats = CommStats()
-
-    def all_gather(self, tensor: Tensor, tag: str) -> Tensor:
-        """See ``Communicator.all_gather``; raises ValueError on mismatched inputs."""
-        _record_all_gather(self.stats, tag, tensor, self.world_size)
-        posted = self.group.exchange(self.rank, (tag, tensor))
-        parts: list[Tensor] = []
-        for rank, item in enumerate(posted):
-            assert isinstance(item, tuple), f"rank {rank} posted {type(item)} to all_gather"
-            other_tag, other = item
-            if other.shape != tensor.shape or other.dtype != tensor.dtype:
-                raise ValueError(
-                    f"all_gather({tag!r}) needs the same shape and dtype on every rank, got "
-                    f"{tuple(tensor.shape)} {tensor.dtype} on rank {self.rank} and "
-                    f"{tuple(other.shape)} {other.dtype} (tag {other_tag!r}) on rank {rank}"
-                )
-            parts.append(other.to(tensor.device))
-        return torch.stack(parts)
-
-    def barrier(self) -> None:
-        """See ``Communicator.barrier``."""
-        self.group.exchange(self.rank, None)
-
-    def gather_objects(self, obj: object) -> list[object] | None:
-        """See ``Communicator.gather_objects``."""
-        gathered = self.group.exchange(self.rank, obj)
-        return gathered if self.rank == 0 else None
-
-
-def run_local(
-    world_size: int, fn: Callable[[Communicator], T], timeout_s: float | None = 120.0
-) -> list[T]:
-    """Runs ``fn(comm)`` on every rank of a new ``LocalGroup``, one thread per rank.
-
-    Returns:
-        Every rank's result, in rank order.
-
-    Raises:
-        RuntimeError: A rank raised; names the first rank that failed (other than by the
-            broken rendezvous that failure causes), chained to its exception.
-    """
-    group = LocalGroup(world_size, timeout_s=timeout_s)
-    results: list[T | None] = [None] * world_size
-    errors: list[tuple[int, BaseException]] = []
-    lock = threading.Lock()
-
-    def body(comm: LocalCommunicator) -> None:
-        try:
-            results[comm.rank] = fn(comm)
-        except BaseException as exc:
-            with lock:
-                errors.append((comm.rank, exc))
-            group.abort()
-
-    threads = [
-        threading.Thread(target=body, args=(c,), name=f"cpkv-local-rank{c.rank}", daemon=True)
-        for c in group.communicators()
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        primary = [e for e in errors if not isinstance(e[1], threading.BrokenBarrierError)]
-        rank, exc = (primary or errors)[0]
-        raise RuntimeError(f"local rank {rank} failed: {type(exc).__name__}: {exc}") from exc
-    return cast(list[T], results)

@@ -12,15 +12,9 @@ import pytest
 import torch
 
 from cpkv_core import launch
-from cpkv_core.comm import (
-    CollectiveStats,
-    CommStats,
-    Communicator,
-    LocalGroup,
-    new_group_communicator,
-    run_local,
-)
+from cpkv_core.comm import CollectiveStats, CommStats, Communicator, new_group_communicator
 from cpkv_core.launch import ProgressEvent, report_progress, spawn_group
+from cpkv_core.local_group import LocalGroup, run_local
 
 # (name, dtype, shape): every entry is all-gathered under tag ``name`` by the grid worker.
 GRID: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...] = (

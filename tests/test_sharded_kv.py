@@ -8,12 +8,13 @@ import torch
 
 from cpkv.runner import Backend, RankJob, num_pages_for, run_jobs_on_gloo, run_reference
 from cpkv.verify import verify_levels
-from cpkv_core.comm import Communicator, LocalGroup, run_local
+from cpkv_core.comm import Communicator
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
 from cpkv_core.engine import CPEngine
 from cpkv_core.kv_access import key_source, materialize, write_current
 from cpkv_core.kv_pool import KVRows, PagedKVPool
 from cpkv_core.layout import KeySource, ReadPlan, WritePlan, build_read_plan
+from cpkv_core.local_group import LocalGroup, run_local
 from cpkv_core.outputs import compare_batch
 from cpkv_core.ownership import owner_of_page, physical_loc
 from cpkv_core.plan import ExecutionPlan, KvLayout, KvReadStrategy
