@@ -287,7 +287,7 @@ def _write_path_table(report: BenchReport) -> Table:
 def render_pd(console: Console, report: PdReport) -> None:
     """One row per request: ready, rebuilt KV, decode step, bytes each prefill rank sent."""
     table = Table(title=f"PD: {report.cp_size} CP prefill ranks -> 1 non-CP decode server")
-    for name in ("rid", "level", "ready", "KV rebuilt", "decode |diff|", "bytes by rank"):
+    for name in ("rid", "level", "ready", "KV rebuilt", "decode |diff|", "KiB sent by rank"):
         table.add_column(name, justify="right")
     table.add_column("errors")
     for r in report.requests:
@@ -298,7 +298,7 @@ def render_pd(console: Console, report: PdReport) -> None:
             "yes" if r.ready else "[red]no[/red]",
             "equal" if r.kv_equal else "[red]differs[/red]",
             diff,
-            " ".join(human_bytes(b) for b in r.bytes_by_rank),
+            " ".join(f"{b / 1024:.1f}" for b in r.bytes_by_rank),
             "; ".join(r.errors) or "-",
         )
     console.print(table)
