@@ -18,18 +18,17 @@ from cpkv.bench_kv import (
     KvShare,
     MaterializedBytes,
     PageBalance,
-    PdBytes,
     RemapCost,
     StepTime,
     WritePathBytes,
     bench_kv_share,
-    bench_pd,
     bench_remaps,
     bench_step_time,
     materialized_bytes,
     page_balance,
     write_path_bytes,
 )
+from cpkv.bench_pd import PdBytes, bench_pd
 from cpkv.runner import Backend, RankJob, num_pages_for, run_levels
 from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
