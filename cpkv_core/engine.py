@@ -78,7 +78,7 @@ class CPEngine:
         self.pool = PagedKVPool(cfg, pool_pages, deploy.page_size, deploy.index_k_dtype)
         self.ledger = TokenLedger()
         self.written_pages: set[int] = set()
-        """Logical pages this rank has stored KV for (checked under debug_checks)."""
+        """Logical pages this rank has stored KV for (tracked only under debug_checks)."""
 
     def prepare(self, batch: BatchSpec, plan: ExecutionPlan) -> BatchLayout:
         """Allocates the batch's pages and builds its host-side metadata for this rank."""
@@ -102,6 +102,7 @@ class CPEngine:
         for layer_index, layer in enumerate(self.weights.layers):
             proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
             own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
+            # NOTE: without a gather only the direct write reads rows, and it reads ``own``.
             current = self._gather_current(own, layout) if self._needs_current(layout) else own
             source = own if layout.write.from_local else current
             write_current(self.pool, layer_index, layout.write, source)
@@ -111,8 +112,8 @@ class CPEngine:
             attn, topk = attend_local(self.cfg, proj, layout, keys)
             topk_per_layer.append(topk)
             hidden = finish_layer(layer, hidden, attn)
-        self.written_pages.update(self._pages_of(layout.write.written_locs))
         if self.debug_checks:
+            self.written_pages.update(self._pages_of(layout.write.written_locs))
             check_ownership_partition(self)
         last_hidden = COLLECTORS[plan.output](self, hidden, layout)
         normed, logits = lm_head(self.weights, last_hidden)
