@@ -29,10 +29,11 @@ from cpkv.bench_kv import (
     write_path_bytes,
 )
 from cpkv.bench_pd import PdBytes, bench_pd
-from cpkv.runner import Backend, RankJob, num_pages_for, run_levels
+from cpkv.runner import Backend, RankJob, run_levels
+from cpkv_core.allocation import pages_for_trace
 from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
-from cpkv_core.kv_pool import kv_bytes_per_token
+from cpkv_core.kv_pool import kv_bytes_per_page
 from phases.gate import Gate, level_plans
 from phases.ids import PhaseId
 from phases.registry import REGISTERED_PHASES
@@ -108,7 +109,7 @@ def bench_tail_bytes(
                 )
                 for lv in (0, 1)
             )
-            job = RankJob(model, deploy, (batch,), plans, num_pages_for([batch], 16, cp_size))
+            job = RankJob(model, deploy, (batch,), plans, pages_for_trace([batch], 16, cp_size))
             full, narrow = (
                 run.rank_outputs[0][0].gathered_bytes["tail_hidden"]
                 for run in run_levels(job, Backend.LOCAL)
@@ -196,9 +197,7 @@ def run_bench(
     levels = tuple(range(6))
     times, results = bench_step_time(model, deploy, batches, levels, repeats, debug_checks)
     chosen = [[p.phase for p in level_plans(lv, ALL_PHASES, deploy, batches)] for lv in levels]
-    page_bytes = (
-        deploy.page_size * kv_bytes_per_token(model, deploy.index_k_dtype) * model.num_layers
-    )
+    page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, deploy.page_size)
     step(f"PD: {deploy.cp_size} prefill ranks -> decode over Mooncake loopback")
     pd = bench_pd(model, deploy, batches, (0, 2, 5))
     return BenchReport(

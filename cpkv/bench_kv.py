@@ -9,13 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from cpkv.runner import Backend, LevelRun, RankJob, num_pages_for, run_jobs_on_gloo, run_levels
+from cpkv.runner import Backend, LevelRun, RankJob, run_jobs_on_gloo, run_levels
+from cpkv_core.allocation import pages_for_trace
 from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.comm import Communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.engine import CPEngine
 from cpkv_core.kv_access import materialize
-from cpkv_core.kv_pool import kv_bytes_per_token
+from cpkv_core.kv_pool import kv_bytes_per_page, kv_bytes_per_token
 from cpkv_core.layout import build_read_plan
 from cpkv_core.local_group import run_local
 from cpkv_core.plan import ExecutionPlan, KvLayout, KvReadStrategy, KvWriteStrategy
@@ -26,16 +27,23 @@ ALL_PHASES = frozenset(PhaseId)
 """Level L of a bench enables every phase <= L."""
 
 
+def plans_by_level(
+    deploy: DeploymentConfig, batches: Sequence[BatchSpec], levels: Sequence[int]
+) -> tuple[tuple[ExecutionPlan, ...], ...]:
+    """The gate's plan for every batch at each level (every phase <= level enabled)."""
+    return tuple(
+        tuple(p.plan for p in level_plans(lv, ALL_PHASES, deploy, batches)) for lv in levels
+    )
+
+
 def _job(
     model: ModelConfig,
     deploy: DeploymentConfig,
     batches: Sequence[BatchSpec],
     levels: Sequence[int],
 ) -> RankJob:
-    plans = tuple(
-        tuple(p.plan for p in level_plans(lv, ALL_PHASES, deploy, batches)) for lv in levels
-    )
-    num_pages = num_pages_for(batches, deploy.page_size, deploy.cp_size)
+    plans = plans_by_level(deploy, batches, levels)
+    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
     return RankJob(model, deploy, tuple(batches), plans, num_pages)
 
 
@@ -71,7 +79,7 @@ def bench_kv_share(
     for cp_size in cp_sizes:
         deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
         replicated, sharded = run_levels(_job(model, deploy, batches, (0, 2)), Backend.LOCAL)
-        page_bytes = page_size * kv_bytes_per_token(model, deploy.index_k_dtype) * model.num_layers
+        page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, page_size)
         rows.append(
             KvShare(
                 cp_size=cp_size,
@@ -151,7 +159,7 @@ def _measure_remaps(
     """On one rank: writes ``setup`` sharded, then times plan + materialize of ``measured``
     under each remap; returns (remap, view bytes, median microseconds)."""
     plans = [p.plan for p in level_plans(2, ALL_PHASES, deploy, [setup, measured])]
-    num_pages = num_pages_for([setup, measured], deploy.page_size, deploy.cp_size)
+    num_pages = pages_for_trace([setup, measured], deploy.page_size, deploy.cp_size)
     engine = CPEngine(model, deploy, comm, num_pages, KvLayout.SHARDED)
     engine.run_batch(setup, plans[0])
     engine.prepare(measured, plans[1])
@@ -233,7 +241,7 @@ def bench_step_time(
     in ONE gloo group. Returns the times and the last round's runs."""
     one_round = _job(model, deploy, batches, levels).plans_by_level
     plans: tuple[tuple[ExecutionPlan, ...], ...] = one_round * (repeats + 1)
-    num_pages = num_pages_for(batches, deploy.page_size, deploy.cp_size)
+    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
     job = RankJob(model, deploy, tuple(batches), plans, num_pages, debug_checks)
     runs = run_jobs_on_gloo([job])[0]
     per_level = {

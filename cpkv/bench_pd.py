@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cpkv.bench_kv import ALL_PHASES
+from cpkv.bench_kv import plans_by_level
 from cpkv.pd import PdJob, run_pd
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from phases.gate import level_plans
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +37,7 @@ def bench_pd(
     levels: Sequence[int],
 ) -> list[PdBytes]:
     """Prefills ``batches`` at ``levels`` and sends every request to one decode process."""
-    plans = tuple(
-        tuple(p.plan for p in level_plans(lv, ALL_PHASES, deploy, batches)) for lv in levels
-    )
+    plans = plans_by_level(deploy, batches, levels)
     (report,), (runs,) = run_pd(model, [PdJob(deploy, tuple(batches), tuple(levels), plans)])
     if not report.ok:
         raise RuntimeError(f"PD transfer failed in the bench: {report.errors or report.requests}")

@@ -20,10 +20,10 @@ from cpkv.runner import (
     BatchProgress,
     LevelRun,
     RankJob,
-    num_pages_for,
     request_order,
     run_jobs_on_gloo,
 )
+from cpkv_core.allocation import pages_for_trace
 from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.outputs import OUTPUT_ATOL
@@ -173,7 +173,7 @@ def reference_requests(
     model: ModelConfig, deploy: DeploymentConfig, batches: Sequence[BatchSpec]
 ) -> dict[str, ReferenceRequest]:
     """Runs the trace on the reference, then reads every request's KV and decodes one token."""
-    num_pages = num_pages_for(batches, deploy.page_size) + len(request_order(batches))
+    num_pages = pages_for_trace(batches, deploy.page_size, 1) + len(request_order(batches))
     reference = ReferenceModel(model, num_pages, deploy.page_size, deploy.index_k_dtype)
     for batch in batches:
         reference.run_batch(batch)
@@ -289,7 +289,7 @@ def run_pd(
                 job.deploy,
                 job.batches,
                 job.plans_by_level,
-                num_pages_for(job.batches, job.deploy.page_size, job.deploy.cp_size),
+                pages_for_trace(job.batches, job.deploy.page_size, job.deploy.cp_size),
                 pd=PdTarget(
                     decode.address, decode.authkey, f"j{index}/", retries, faults or PdFaults()
                 ),

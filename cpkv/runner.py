@@ -9,7 +9,6 @@ from enum import StrEnum
 
 import torch
 
-from cpkv_core.allocation import pages_for_trace
 from cpkv_core.batch import BatchSpec
 from cpkv_core.comm import Communicator, new_group_communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
@@ -72,11 +71,6 @@ class LevelRun:
     """``rank_outputs[batch][rank]``."""
     pd: tuple[tuple[SendResult, ...], ...] = ()
     """``pd[rank]``: how each request went from each rank (PD runs only)."""
-
-
-def num_pages_for(batches: Sequence[BatchSpec], page_size: int, cp_size: int = 1) -> int:
-    """Logical pages for a trace; the planner sizes its allocator the same way."""
-    return pages_for_trace(batches, page_size, cp_size)
 
 
 def level_layout(plans: Sequence[ExecutionPlan]) -> KvLayout:

@@ -12,10 +12,10 @@ from cpkv.runner import (
     BatchProgress,
     LevelRun,
     RankJob,
-    num_pages_for,
     run_levels,
     run_reference,
 )
+from cpkv_core.allocation import pages_for_trace
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.outputs import OUTPUT_ATOL, BatchComparison, BatchOutput, compare_batch
@@ -139,7 +139,7 @@ def verify_levels(
         deploy=deploy,
         batches=batches,
         plans_by_level=tuple(tuple(p.plan for p in levels[lv]) for lv in ordered),
-        num_pages=num_pages_for(batches, deploy.page_size, deploy.cp_size),
+        num_pages=pages_for_trace(batches, deploy.page_size, deploy.cp_size),
         debug_checks=debug_checks,
     )
     reference = run_reference(job)

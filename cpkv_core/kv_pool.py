@@ -44,6 +44,11 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: IndexKDtype, latent_itemsize: in
     return cfg.kv_dim * latent_itemsize + cfg.index_head_dim * index_itemsize + 4
 
 
+def kv_bytes_per_page(cfg: ModelConfig, dtype: IndexKDtype, page_size: int) -> int:
+    """Bytes one page occupies across all layers (the test vehicle's fp32 latent)."""
+    return page_size * kv_bytes_per_token(cfg, dtype) * cfg.num_layers
+
+
 class PagedKVPool:
     """One rank's paged KV storage: per layer, token rows of latent KV, index K and scale.
 

@@ -14,6 +14,7 @@ from cpkv_core.plan import ExecutionPlan, OutputStrategy
 from phases.gate import Gate, level_plans, levels_of
 from phases.ids import PHASE_NEEDS, PhaseId, closure_of_needs, parse_phase_list
 from phases.reasons import Reason, ReasonCode
+from phases.registry import REGISTERED_PHASES
 
 DEPLOY = DeploymentConfig(cp_size=4, page_size=4)
 
@@ -130,3 +131,12 @@ def test_needs_close_transitively() -> None:
         PhaseId.SHARDED_KV,
         PhaseId.PAGE_ALIGNED_SPLIT,
     )
+
+
+def test_an_enabled_phase_without_mechanics_is_unavailable_not_stubbed() -> None:
+    registry = {
+        pid: phase for pid, phase in REGISTERED_PHASES.items() if pid != PhaseId.COMPUTE_OWNER_WRITE
+    }
+    plan = Gate(frozenset(PhaseId), DEPLOY, registry=registry).plan(make_batch(extend_len=64))
+    assert plan.phase == 4
+    assert plan.decisions[4].reasons == ("UNAVAILABLE",)

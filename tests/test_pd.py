@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cpkv.pd import PdJob, run_pd
 from cpkv_core.config import model_preset
-from cpkv_core.kv_pool import kv_bytes_per_token
+from cpkv_core.kv_pool import kv_bytes_per_page
 from cpkv_core.ownership import owner_of_page
 from cpkv_core.pd_decode import DecodeServer
 from cpkv_core.pd_pack import runs_for_rank
@@ -81,7 +81,7 @@ def test_decode_rebuilds_every_level_byte_for_byte() -> None:
     # cp_size 4: each rank sends about a quarter, the pages it owns. Dealt pages (levels
     # 0-4) balance within one page per request; compute-owner pages (level 5) within two
     # pages per chunk, since page-aligned blocks differ by one page.
-    page_bytes = 4 * kv_bytes_per_token(TINY, make_deploy().index_k_dtype) * TINY.num_layers
+    page_bytes = kv_bytes_per_page(TINY, make_deploy().index_k_dtype, 4)
     for job, report in zip(jobs[-2:], reports[-2:], strict=True):
         for result in report.requests:
             chunks = sum(r.rid == result.rid for b in job.batches for r in b.requests)

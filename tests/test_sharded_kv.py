@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpkv.runner import Backend, RankJob, num_pages_for, run_jobs_on_gloo, run_reference
+from cpkv.runner import Backend, RankJob, run_jobs_on_gloo, run_reference
 from cpkv.verify import verify_levels
+from cpkv_core.allocation import pages_for_trace
 from cpkv_core.comm import Communicator
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
 from cpkv_core.engine import CPEngine
@@ -31,7 +32,7 @@ def run_engines(deploy: DeploymentConfig, level: int, debug_checks: bool = False
     """Runs the mixed trace at ``level`` on the in-process group; returns every rank's engine."""
     batches = mixed_trace(deploy.page_size).batches
     plans = [p.plan for p in level_plans(level, ALL, deploy, batches)]
-    num_pages = num_pages_for(batches, deploy.page_size, deploy.cp_size)
+    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
 
     def body(comm: Communicator) -> CPEngine:
         engine = CPEngine(
@@ -188,7 +189,7 @@ def test_every_level_matches_reference_on_real_gloo_ranks() -> None:
         plans = tuple(
             tuple(p.plan for p in level_plans(lv, ALL, deploy, batches)) for lv in levels_of(ALL)
         )
-        num_pages = num_pages_for(batches, page_size, cp_size)
+        num_pages = pages_for_trace(batches, page_size, cp_size)
         jobs.append(RankJob(TINY, deploy, batches, plans, num_pages))
     for job, runs in zip(jobs, run_jobs_on_gloo(jobs), strict=True):
         reference = run_reference(job)
