@@ -30,10 +30,10 @@ from cpkv.bench_kv import (
 )
 from cpkv.bench_pd import PdBytes, bench_pd
 from cpkv.runner import Backend, RankJob, run_levels
-from cpkv_core.allocation import pages_for_trace
-from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
-from cpkv_core.kv_pool import kv_bytes_per_page
+from cpkv_core.planning.allocation import pages_for_trace
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.runtime.kv_pool import kv_bytes_per_page
 from phases.gate import Gate, level_plans
 from phases.ids import PhaseId
 from phases.registry import REGISTERED_PHASES

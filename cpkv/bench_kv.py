@@ -10,16 +10,16 @@ from dataclasses import dataclass
 from functools import partial
 
 from cpkv.runner import Backend, LevelRun, RankJob, run_jobs_on_gloo, run_levels
-from cpkv_core.allocation import pages_for_trace
-from cpkv_core.batch import BatchSpec, RequestSpec
-from cpkv_core.comm import Communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.engine import CPEngine
-from cpkv_core.kv_access import materialize
-from cpkv_core.kv_pool import kv_bytes_per_page, kv_bytes_per_token
-from cpkv_core.layout import build_read_plan
-from cpkv_core.local_group import run_local
-from cpkv_core.plan import ExecutionPlan, KvLayout, KvReadStrategy, KvWriteStrategy
+from cpkv_core.dist.comm import Communicator
+from cpkv_core.dist.local_group import run_local
+from cpkv_core.planning.allocation import pages_for_trace
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.execution import ExecutionPlan, KvLayout, KvReadStrategy, KvWriteStrategy
+from cpkv_core.runtime.engine import CPEngine
+from cpkv_core.runtime.kv_access import materialize
+from cpkv_core.runtime.kv_pool import kv_bytes_per_page, kv_bytes_per_token
+from cpkv_core.runtime.layout import build_read_plan
 from phases.gate import level_plans
 from phases.ids import PhaseId
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from cpkv.bench_kv import plans_by_level
 from cpkv.pd import PdJob, run_pd
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.planning.batch import BatchSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
-from cpkv_core.trace import Trace, load_trace
+from cpkv_core.traces.trace import Trace, load_trace
 from flags import debug_benchmark_warning, resolve_flags
 from phases.gate import level_plans, levels_of
 from phases.registry import REGISTERED_PHASES

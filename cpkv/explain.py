@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig
+from cpkv_core.planning.batch import BatchSpec
 from phases.gate import BatchPlan, Gate, plan_trace
 from phases.ids import PhaseId
 

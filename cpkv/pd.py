@@ -23,15 +23,15 @@ from cpkv.runner import (
     request_order,
     run_jobs_on_gloo,
 )
-from cpkv_core.allocation import pages_for_trace
-from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.outputs import OUTPUT_ATOL
-from cpkv_core.pd_decode import serve_decode
-from cpkv_core.pd_prefill import PdFaults, PdTarget
-from cpkv_core.pd_protocol import Report, ReportReply, RequestReport, Shutdown
-from cpkv_core.plan import ExecutionPlan
-from cpkv_core.reference import ReferenceModel
+from cpkv_core.pd.decode import serve_decode
+from cpkv_core.pd.prefill import PdFaults, PdTarget
+from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown
+from cpkv_core.planning.allocation import pages_for_trace
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.execution import ExecutionPlan
+from cpkv_core.runtime.outputs import OUTPUT_ATOL
+from cpkv_core.runtime.reference import ReferenceModel
 
 
 class DecodeServerError(RuntimeError):

@@ -12,7 +12,7 @@ from cpkv.explain import ExplainReport
 from cpkv.pd import PdReport
 from cpkv.verify import VerifyReport
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.outputs import OUTPUT_ATOL
+from cpkv_core.runtime.outputs import OUTPUT_ATOL
 from phases.gate import BatchPlan
 
 

@@ -9,16 +9,16 @@ from enum import StrEnum
 
 import torch
 
-from cpkv_core.batch import BatchSpec
-from cpkv_core.comm import Communicator, new_group_communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.engine import CPEngine
-from cpkv_core.launch import ProgressEvent, report_progress, spawn_group
-from cpkv_core.local_group import run_local
-from cpkv_core.outputs import BatchOutput, RankBatchOutput, merge_rank_outputs
-from cpkv_core.pd_prefill import PdTarget, SendResult, send_requests
-from cpkv_core.plan import ExecutionPlan, KvLayout
-from cpkv_core.reference import ReferenceModel
+from cpkv_core.dist.comm import Communicator, new_group_communicator
+from cpkv_core.dist.launch import ProgressEvent, report_progress, spawn_group
+from cpkv_core.dist.local_group import run_local
+from cpkv_core.pd.prefill import PdTarget, SendResult, send_requests
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import ExecutionPlan, KvLayout
+from cpkv_core.runtime.engine import CPEngine
+from cpkv_core.runtime.outputs import BatchOutput, RankBatchOutput, merge_rank_outputs
+from cpkv_core.runtime.reference import ReferenceModel
 
 
 class Backend(StrEnum):

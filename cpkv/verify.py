@@ -15,10 +15,10 @@ from cpkv.runner import (
     run_levels,
     run_reference,
 )
-from cpkv_core.allocation import pages_for_trace
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.outputs import OUTPUT_ATOL, BatchComparison, BatchOutput, compare_batch
+from cpkv_core.planning.allocation import pages_for_trace
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.runtime.outputs import OUTPUT_ATOL, BatchComparison, BatchOutput, compare_batch
 from phases.gate import BatchPlan
 
 

@@ -1,6 +1,5 @@
 """cpkv_core, the "how": CP prefill mechanics free of flags and phases; entry point ``CPEngine``."""
 
-from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import (
     MODEL_PRESETS,
     CpMode,
@@ -9,17 +8,23 @@ from cpkv_core.config import (
     ModelConfig,
     model_preset,
 )
-from cpkv_core.engine import CPEngine
-from cpkv_core.outputs import BatchOutput, RankBatchOutput, compare_batch, merge_rank_outputs
-from cpkv_core.plan import (
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.execution import (
     ExecutionPlan,
     KvReadStrategy,
     KvWriteStrategy,
     OutputStrategy,
     SplitStrategy,
 )
-from cpkv_core.reference import ReferenceModel
-from cpkv_core.trace import Trace, TraceError, load_trace, parse_trace_text
+from cpkv_core.runtime.engine import CPEngine
+from cpkv_core.runtime.outputs import (
+    BatchOutput,
+    RankBatchOutput,
+    compare_batch,
+    merge_rank_outputs,
+)
+from cpkv_core.runtime.reference import ReferenceModel
+from cpkv_core.traces.trace import Trace, TraceError, load_trace, parse_trace_text
 
 __all__ = [
     "MODEL_PRESETS",

@@ -6,9 +6,9 @@ from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.plan import ExecutionPlan
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import ExecutionPlan
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode
 

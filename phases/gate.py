@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cpkv_core.allocation import allocate_batch, pages_for_trace, with_first_page_owners
-from cpkv_core.allocator import PageAllocator
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.plan import ExecutionPlan
+from cpkv_core.planning.allocation import allocate_batch, pages_for_trace, with_first_page_owners
+from cpkv_core.planning.allocator import PageAllocator
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import ExecutionPlan
 from phases.base import Phase, check_startup
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode

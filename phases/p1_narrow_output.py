@@ -12,9 +12,9 @@ import dataclasses
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import CpMode, DeploymentConfig
-from cpkv_core.plan import ExecutionPlan, OutputStrategy
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import ExecutionPlan, OutputStrategy
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode
 

@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig, TransferBackend
-from cpkv_core.plan import ExecutionPlan, KvReadStrategy, KvWriteStrategy
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy, KvWriteStrategy
 from phases.ids import PhaseId
 from phases.reasons import Reason
 

@@ -12,9 +12,9 @@ import dataclasses
 
 from pydantic import BaseModel, ConfigDict
 
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.plan import ExecutionPlan, KvReadStrategy
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode
 

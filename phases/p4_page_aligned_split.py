@@ -15,10 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DeploymentConfig
-from cpkv_core.plan import ExecutionPlan, SplitStrategy
-from cpkv_core.split_page_aligned import request_pages
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.execution import ExecutionPlan, SplitStrategy
+from cpkv_core.planning.split_page_aligned import request_pages
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode
 

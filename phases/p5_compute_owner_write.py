@@ -18,10 +18,10 @@ import dataclasses
 
 from pydantic import BaseModel, ConfigDict
 
-from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.plan import ExecutionPlan, KvWriteStrategy
-from cpkv_core.split_page_aligned import compute_owner_of_pages
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.execution import ExecutionPlan, KvWriteStrategy
+from cpkv_core.planning.split_page_aligned import compute_owner_of_pages
 from phases.ids import PhaseId
 from phases.p4_page_aligned_split import short_request_reason
 from phases.reasons import Reason, ReasonCode

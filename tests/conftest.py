@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype
-from cpkv_core.trace import Trace, load_trace
+from cpkv_core.traces.trace import Trace, load_trace
 
 DATA = Path(__file__).parent / "data"
 MIXED_TRACE = DATA / "mixed.jsonl"

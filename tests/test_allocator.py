@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv_core.allocator import OutOfPagesError, PageAllocator, pages_needed_for_trace
-from cpkv_core.batch import BatchSpec, RequestSpec
-from cpkv_core.tokens import TokenLedger, token_id
-from cpkv_core.trace import validate_trace
+from cpkv_core.planning.allocator import OutOfPagesError, PageAllocator, pages_needed_for_trace
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.tokens import TokenLedger, token_id
+from cpkv_core.traces.trace import validate_trace
 
 PAGE_SIZES = [1, 4, 16]
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from cpkv_core import launch
-from cpkv_core.comm import CollectiveStats, CommStats, Communicator, new_group_communicator
-from cpkv_core.launch import ProgressEvent, report_progress, spawn_group
-from cpkv_core.local_group import LocalGroup, run_local
+from cpkv_core.dist import launch
+from cpkv_core.dist.comm import CollectiveStats, CommStats, Communicator, new_group_communicator
+from cpkv_core.dist.launch import ProgressEvent, report_progress, spawn_group
+from cpkv_core.dist.local_group import LocalGroup, run_local
 
 # (name, dtype, shape): every entry is all-gathered under tag ``name`` by the grid worker.
 GRID: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...] = (

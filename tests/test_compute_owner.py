@@ -9,14 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv_core.allocation import allocate_batch, pages_for_trace, with_first_page_owners
-from cpkv_core.allocator import PageAllocator
-from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.layout import build_batch_split, build_layout, build_write_plan
-from cpkv_core.ownership import owner_of_loc
-from cpkv_core.plan import ExecutionPlan, KvReadStrategy, KvWriteStrategy, SplitStrategy
-from cpkv_core.split_page_aligned import local_pair_lengths, request_pages
+from cpkv_core.planning.allocation import allocate_batch, pages_for_trace, with_first_page_owners
+from cpkv_core.planning.allocator import PageAllocator
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.execution import (
+    ExecutionPlan,
+    KvReadStrategy,
+    KvWriteStrategy,
+    SplitStrategy,
+)
+from cpkv_core.planning.ownership import owner_of_loc
+from cpkv_core.planning.split_page_aligned import local_pair_lengths, request_pages
+from cpkv_core.runtime.layout import build_batch_split, build_layout, build_write_plan
 from phases.gate import Gate
 from phases.ids import PhaseId
 

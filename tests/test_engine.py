@@ -7,10 +7,10 @@ import torch
 
 from cpkv.runner import Backend
 from cpkv.verify import VerifyReport, verify_levels
-from cpkv_core import layout as layout_mod
-from cpkv_core.batch import BatchSpec
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
-from cpkv_core.trace import load_trace, parse_trace_text
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.runtime import layout as layout_mod
+from cpkv_core.traces.trace import load_trace, parse_trace_text
 from phases.gate import BatchPlan, level_plans, levels_of
 from phases.registry import REGISTERED_PHASES
 from tests.conftest import DATA, make_deploy, mixed_trace
@@ -113,7 +113,7 @@ def test_gathered_bytes_count_current_kv_and_tail_exactly() -> None:
     report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
     first = report.levels[0].rows[0]
     # Batch 0: a=37, b=3, c=1 tokens; zigzag over 8 blocks gives ranks 6/6/... tokens.
-    from cpkv_core.split import build_zigzag_split
+    from cpkv_core.planning.split import build_zigzag_split
 
     max_local = build_zigzag_split((37, 3, 1), 4).max_local
     per_token = TINY.kv_dim * 4 + TINY.index_head_dim * 1 + 4  # latent fp32, fp8 k, fp32 scale

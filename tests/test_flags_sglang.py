@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DisaggregationMode, TransferBackend
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
 from flags import FlagError, FlagSet, batch_from_forward_batch, from_sglang, read_sglang
 from phases import PhaseId
 

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
-from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import CpMode, DeploymentConfig
-from cpkv_core.plan import ExecutionPlan, OutputStrategy
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.execution import ExecutionPlan, OutputStrategy
 from phases.gate import Gate, level_plans, levels_of
 from phases.ids import PHASE_NEEDS, PhaseId, closure_of_needs, parse_phase_list
 from phases.reasons import Reason, ReasonCode

@@ -8,9 +8,9 @@ import pytest
 from cpkv.runner import Backend
 from cpkv.verify import verify_levels
 from cpkv_core.config import CpMode, model_preset
-from cpkv_core.plan import OutputStrategy
-from cpkv_core.split import build_split
-from cpkv_core.trace import load_trace
+from cpkv_core.planning.execution import OutputStrategy
+from cpkv_core.planning.split import build_split
+from cpkv_core.traces.trace import load_trace
 from phases.gate import level_plans
 from phases.ids import PhaseId
 from tests.conftest import DATA, make_deploy

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv_core.config import IndexKDtype, model_preset
-from cpkv_core.model import NO_KEY, init_weights, project, select_topk
-from cpkv_core.ops import linear, rms_norm
+from cpkv_core.runtime.model import NO_KEY, init_weights, project, select_topk
+from cpkv_core.runtime.ops import linear, rms_norm
 
 TINY = model_preset("tiny")
 WEIGHTS = init_weights(TINY)

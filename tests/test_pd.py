@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 
 from cpkv.pd import PdJob, run_pd
 from cpkv_core.config import model_preset
-from cpkv_core.kv_pool import kv_bytes_per_page
-from cpkv_core.ownership import owner_of_page
-from cpkv_core.pd_decode import DecodeServer
-from cpkv_core.pd_pack import runs_for_rank
-from cpkv_core.pd_prefill import PdFaults
-from cpkv_core.pd_protocol import Alloc, AllocReply, Await, Fail
-from cpkv_core.trace import load_trace
+from cpkv_core.pd.decode import DecodeServer
+from cpkv_core.pd.pack import runs_for_rank
+from cpkv_core.pd.prefill import PdFaults
+from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Fail
+from cpkv_core.planning.ownership import owner_of_page
+from cpkv_core.runtime.kv_pool import kv_bytes_per_page
+from cpkv_core.traces.trace import load_trace
 from phases.gate import level_plans
 from phases.ids import PhaseId
 from tests.conftest import DATA, make_deploy

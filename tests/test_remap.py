@@ -5,10 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv_core.allocator import PageAllocator
-from cpkv_core.batch import RequestSpec
-from cpkv_core.ownership import owner_of_page
-from cpkv_core.remap import ViewPlan, reuse_key_rows, slot_view_plan, unique_view_plan
+from cpkv_core.planning.allocator import PageAllocator
+from cpkv_core.planning.batch import RequestSpec
+from cpkv_core.planning.ownership import owner_of_page
+from cpkv_core.planning.remap import ViewPlan, reuse_key_rows, slot_view_plan, unique_view_plan
 
 
 @st.composite

@@ -8,18 +8,18 @@ import torch
 
 from cpkv.runner import Backend, RankJob, run_jobs_on_gloo, run_reference
 from cpkv.verify import verify_levels
-from cpkv_core.allocation import pages_for_trace
-from cpkv_core.comm import Communicator
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
-from cpkv_core.engine import CPEngine
-from cpkv_core.kv_access import key_source, materialize, write_current
-from cpkv_core.kv_pool import KVRows, PagedKVPool
-from cpkv_core.layout import KeySource, ReadPlan, WritePlan, build_read_plan
-from cpkv_core.local_group import LocalGroup, run_local
-from cpkv_core.outputs import compare_batch
-from cpkv_core.ownership import owner_of_page, physical_loc
-from cpkv_core.plan import ExecutionPlan, KvLayout, KvReadStrategy
-from cpkv_core.trace import load_trace
+from cpkv_core.dist.comm import Communicator
+from cpkv_core.dist.local_group import LocalGroup, run_local
+from cpkv_core.planning.allocation import pages_for_trace
+from cpkv_core.planning.execution import ExecutionPlan, KvLayout, KvReadStrategy
+from cpkv_core.planning.ownership import owner_of_page, physical_loc
+from cpkv_core.runtime.engine import CPEngine
+from cpkv_core.runtime.kv_access import key_source, materialize, write_current
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
+from cpkv_core.runtime.layout import KeySource, ReadPlan, WritePlan, build_read_plan
+from cpkv_core.runtime.outputs import compare_batch
+from cpkv_core.traces.trace import load_trace
 from phases.gate import level_plans, levels_of
 from phases.registry import REGISTERED_PHASES
 from tests.conftest import DATA, make_deploy, mixed_trace
@@ -148,7 +148,7 @@ def test_debug_checks_pass_with_compute_owner_writes() -> None:
 
 
 def test_debug_checks_catch_a_write_to_a_foreign_page(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cpkv_core import layout as layout_mod
+    from cpkv_core.runtime import layout as layout_mod
 
     original = layout_mod.build_write_plan
 

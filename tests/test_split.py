@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv_core.config import CpMode
-from cpkv_core.split import (
+from cpkv_core.planning.split import (
     Segment,
     SplitMetadata,
     build_round_robin_split,

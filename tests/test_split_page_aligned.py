@@ -7,8 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv_core.config import CpMode
-from cpkv_core.split import Segment, SplitMetadata, build_round_robin_split, build_zigzag_split
-from cpkv_core.split_page_aligned import (
+from cpkv_core.planning.split import (
+    Segment,
+    SplitMetadata,
+    build_round_robin_split,
+    build_zigzag_split,
+)
+from cpkv_core.planning.split_page_aligned import (
     build_page_aligned_zigzag_split,
     compute_owner_of_pages,
     is_short_request,

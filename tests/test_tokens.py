@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cpkv_core.batch import RequestSpec
-from cpkv_core.tokens import TokenLedger, token_id
+from cpkv_core.planning.batch import RequestSpec
+from cpkv_core.planning.tokens import TokenLedger, token_id
 
 VOCAB = 256
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ def test_token_id_is_stable_across_runs() -> None:
 
 
 def test_token_id_does_not_depend_on_hash_seed() -> None:
-    code = "from cpkv_core.tokens import token_id; print(token_id('a', 0, 256))"
+    code = "from cpkv_core.planning.tokens import token_id; print(token_id('a', 0, 256))"
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True

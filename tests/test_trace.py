@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from cpkv_core.batch import BatchSpec, RequestSpec
-from cpkv_core.trace import (
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.traces.trace import (
     Trace,
     TraceError,
     load_trace,

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 
 import torch
 
-from cpkv_core.allocator import PageAllocator
-from cpkv_core.batch import BatchSpec, RequestSpec
 from cpkv_core.config import IndexKDtype, ModelConfig
-from cpkv_core.kv_pool import KVRows, PagedKVPool
-from cpkv_core.model import (
+from cpkv_core.planning.allocator import PageAllocator
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.tokens import TokenLedger
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
+from cpkv_core.runtime.model import (
     ModelWeights,
     attend_request,
     embed,
@@ -23,8 +24,7 @@ from cpkv_core.model import (
     lm_head,
     project,
 )
-from cpkv_core.outputs import BatchOutput, RequestOutput, stack_topk
-from cpkv_core.tokens import TokenLedger
+from cpkv_core.runtime.outputs import BatchOutput, RequestOutput, stack_topk
 
 
 class ReferenceModel:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from cpkv_core.comm import Communicator
-from cpkv_core.kv_pool import KVRows, PagedKVPool
-from cpkv_core.layout import KeySource, ReadPlan, WritePlan
+from cpkv_core.dist.comm import Communicator
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
+from cpkv_core.runtime.layout import KeySource, ReadPlan, WritePlan
 
 MATERIALIZE_TAG = "materialize"
 """Collective tag of full-view materialization, so its bytes are counted apart."""

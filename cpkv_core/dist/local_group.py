@@ -13,7 +13,7 @@ from typing import TypeVar, cast
 import torch
 from torch import Tensor
 
-from cpkv_core.comm import CommStats, Communicator, record_all_gather
+from cpkv_core.dist.comm import CommStats, Communicator, record_all_gather
 
 __all__ = ["LocalCommunicator", "LocalGroup", "run_local"]
 

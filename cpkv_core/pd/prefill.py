@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 
-from cpkv_core.engine import CPEngine
-from cpkv_core.pd_pack import runs_for_rank
-from cpkv_core.pd_protocol import Alloc, AllocReply, Await, Done, Fail, Verdict
-from cpkv_core.pd_transport import TransferError, Transport, Write
-from cpkv_core.plan import KvLayout
-from cpkv_core.tokens import token_id
+from cpkv_core.pd.pack import runs_for_rank
+from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Verdict
+from cpkv_core.pd.transport import TransferError, Transport, Write
+from cpkv_core.planning.execution import KvLayout
+from cpkv_core.planning.tokens import token_id
+from cpkv_core.runtime.engine import CPEngine
 
 BAD_ADDRESS_OFFSET = 1 << 40
 """Fault injection: added to destination addresses to make the engine reject a write."""

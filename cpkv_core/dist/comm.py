@@ -149,7 +149,7 @@ class TorchDistCommunicator:
         if not dist.is_initialized():
             raise RuntimeError(
                 "TorchDistCommunicator needs an initialised process group; "
-                "call cpkv_core.comm.init_process_group first"
+                "call cpkv_core.dist.comm.init_process_group first"
             )
         self.group = group
         self.rank = dist.get_rank(group)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from cpkv_core.config import IndexKDtype, ModelConfig
-from cpkv_core.ops import (
+from cpkv_core.runtime.ops import (
     exact_fp8_dot,
     linear,
     ordered_dot,

@@ -1,6 +1,6 @@
 """Page-aligned zigzag split (phase 4): zigzag blocks cut at logical page boundaries.
 
-The token-balanced zigzag split (``cpkv_core.split``) cuts a request's current tokens into
+The token-balanced zigzag split (``cpkv_core.planning.split``) cuts a request's current tokens into
 ``2 * cp_size`` blocks of near-equal token counts, so a logical page may be computed by two
 ranks. The page-aligned split cuts only where the logical position ``prefix_len + i`` is a
 multiple of ``page_size``, so every current page has exactly one compute owner, which phase 5
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cpkv_core.config import CpMode
-from cpkv_core.split import Segment, SplitMetadata, zigzag_block_sizes
+from cpkv_core.planning.split import Segment, SplitMetadata, zigzag_block_sizes
 
 __all__ = [
     "build_page_aligned_zigzag_split",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cpkv_core.ownership import local_page, owner_of_page
+from cpkv_core.planning.ownership import local_page, owner_of_page
 
 
 @dataclass(frozen=True, slots=True)

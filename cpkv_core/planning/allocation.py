@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from cpkv_core.allocator import PageAllocator, pages_needed_for_trace
-from cpkv_core.batch import BatchSpec
-from cpkv_core.ownership import owner_of_page
-from cpkv_core.plan import ExecutionPlan, KvWriteStrategy
-from cpkv_core.split_page_aligned import compute_owner_of_pages
+from cpkv_core.planning.allocator import PageAllocator, pages_needed_for_trace
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import ExecutionPlan, KvWriteStrategy
+from cpkv_core.planning.ownership import owner_of_page
+from cpkv_core.planning.split_page_aligned import compute_owner_of_pages
 
 
 def pages_for_trace(batches: Sequence[BatchSpec], page_size: int, cp_size: int) -> int:

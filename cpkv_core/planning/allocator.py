@@ -14,8 +14,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from cpkv_core.batch import BatchSpec, RequestSpec
-from cpkv_core.ownership import owner_of_page
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.ownership import owner_of_page
 
 __all__ = ["OutOfPagesError", "PageAllocator", "pages_needed_for_trace"]
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from cpkv_core.ownership import owner_of_page
+from cpkv_core.planning.ownership import owner_of_page
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,13 +16,18 @@ from itertools import accumulate
 import torch
 from torch import Tensor
 
-from cpkv_core.allocator import PageAllocator
-from cpkv_core.batch import BatchSpec
-from cpkv_core.ownership import owner_of_loc, physical_loc
-from cpkv_core.plan import ExecutionPlan, KvReadStrategy, KvWriteStrategy, SplitStrategy
-from cpkv_core.remap import ViewPlan, reuse_key_rows, slot_view_plan, unique_view_plan
-from cpkv_core.split import SplitMetadata, build_round_robin_split, build_zigzag_split
-from cpkv_core.split_page_aligned import build_page_aligned_zigzag_split
+from cpkv_core.planning.allocator import PageAllocator
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import (
+    ExecutionPlan,
+    KvReadStrategy,
+    KvWriteStrategy,
+    SplitStrategy,
+)
+from cpkv_core.planning.ownership import owner_of_loc, physical_loc
+from cpkv_core.planning.remap import ViewPlan, reuse_key_rows, slot_view_plan, unique_view_plan
+from cpkv_core.planning.split import SplitMetadata, build_round_robin_split, build_zigzag_split
+from cpkv_core.planning.split_page_aligned import build_page_aligned_zigzag_split
 
 
 def int_tensor(values: Sequence[int]) -> Tensor:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from cpkv_core.batch import BatchSpec, RequestSpec
-from cpkv_core.trace_schema import BatchLine, RequestLine, TraceError, schema_error
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.traces.schema import BatchLine, RequestLine, TraceError, schema_error
 
 __all__ = [
     "BatchLine",

@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 
-from cpkv_core.batch import RequestSpec
 from cpkv_core.config import IndexKDtype, ModelConfig
-from cpkv_core.pd_protocol import (
+from cpkv_core.pd.protocol import (
     Alloc,
     AllocReply,
     Await,
@@ -40,8 +39,9 @@ from cpkv_core.pd_protocol import (
     TensorTarget,
     Verdict,
 )
-from cpkv_core.pd_transport import Transport
-from cpkv_core.reference import ReferenceModel
+from cpkv_core.pd.transport import Transport
+from cpkv_core.planning.batch import RequestSpec
+from cpkv_core.runtime.reference import ReferenceModel
 
 
 class AttemptState(StrEnum):

@@ -14,16 +14,18 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from cpkv_core.allocation import allocate_batch
-from cpkv_core.allocator import PageAllocator
-from cpkv_core.batch import BatchSpec
-from cpkv_core.comm import Communicator
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.debug_checks import check_batch_layer, check_ownership_partition
-from cpkv_core.kv_access import key_source, write_current
-from cpkv_core.kv_pool import KVRows, PagedKVPool
-from cpkv_core.layout import BatchLayout, KeySource, build_batch_split, build_layout
-from cpkv_core.model import (
+from cpkv_core.dist.comm import Communicator
+from cpkv_core.planning.allocation import allocate_batch
+from cpkv_core.planning.allocator import PageAllocator
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import ExecutionPlan, KvLayout, OutputStrategy
+from cpkv_core.planning.tokens import TokenLedger
+from cpkv_core.runtime.debug_checks import check_batch_layer, check_ownership_partition
+from cpkv_core.runtime.kv_access import key_source, write_current
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
+from cpkv_core.runtime.layout import BatchLayout, KeySource, build_batch_split, build_layout
+from cpkv_core.runtime.model import (
     ModelWeights,
     Projections,
     attend_request,
@@ -33,9 +35,7 @@ from cpkv_core.model import (
     lm_head,
     project,
 )
-from cpkv_core.outputs import RankBatchOutput
-from cpkv_core.plan import ExecutionPlan, KvLayout, OutputStrategy
-from cpkv_core.tokens import TokenLedger
+from cpkv_core.runtime.outputs import RankBatchOutput
 
 
 class CPEngine:

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from cpkv_core.batch import BatchSpec
-from cpkv_core.kv_pool import KVRows
-from cpkv_core.layout import BatchLayout, KeySource, int_tensor
-from cpkv_core.plan import KvLayout
+from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.execution import KvLayout
+from cpkv_core.runtime.kv_pool import KVRows
+from cpkv_core.runtime.layout import BatchLayout, KeySource, int_tensor
 
 if TYPE_CHECKING:
-    from cpkv_core.engine import CPEngine
+    from cpkv_core.runtime.engine import CPEngine
 
 
 def _same_rows(a: KVRows, b: KVRows) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from cpkv_core.batch import BatchSpec
+from cpkv_core.planning.batch import BatchSpec
 
 OUTPUT_ATOL = 1e-5
 """Largest accepted absolute difference of fp32 outputs (last hidden, logits).

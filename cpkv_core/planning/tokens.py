@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from cpkv_core.batch import RequestSpec
+from cpkv_core.planning.batch import RequestSpec
 
 __all__ = ["TokenLedger", "token_id"]
 

@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 import torch
 
-from cpkv_core import comm as comm_mod
+from cpkv_core.dist import comm as comm_mod
 
 __all__ = ["ProgressEvent", "report_progress", "spawn_group"]
 

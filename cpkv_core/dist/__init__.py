@@ -1,0 +1,1 @@
+"""Communication: the torch.distributed communicator, the in-process group, the spawn harness."""

@@ -1,0 +1,1 @@
+"""PD: owned-page transfer from CP prefill ranks to a non-CP decode server over Mooncake."""

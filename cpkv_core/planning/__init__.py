@@ -1,0 +1,1 @@
+"""Host planning, torch-free: batches, ownership, splits, remaps, the allocator and scheduler."""

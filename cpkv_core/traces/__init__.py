@@ -1,0 +1,1 @@
+"""The trace format: JSON Lines, one prefill batch a line; parse, validate, load."""
