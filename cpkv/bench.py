@@ -29,14 +29,12 @@ from cpkv.bench_kv import (
     write_path_bytes,
 )
 from cpkv.bench_pd import PdBytes, bench_pd
+from cpkv.loop import HostLoop
 from cpkv.runner import Backend, RankJob, run_levels
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
-from cpkv_core.planning.allocation import pages_for_trace
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
-from cpkv_core.runtime.kv_pool import kv_bytes_per_page
-from phases.gate import Gate, level_plans
-from phases.ids import PhaseId
-from phases.registry import REGISTERED_PHASES
+from cpkv_core.planning import BatchSpec, RequestSpec, build_host_plan, pages_for_trace
+from cpkv_core.runtime import kv_bytes_per_page
+from phases import PhaseId
 
 
 def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
@@ -65,14 +63,63 @@ class GateTiming:
 
 
 def bench_gate(deploy: DeploymentConfig, sizes: Sequence[int] = (1, 32, 256)) -> list[GateTiming]:
-    """Time of ``Gate.plan`` per batch, every registered phase enabled."""
-    gate = Gate(frozenset(REGISTERED_PHASES), deploy)
+    """Time of ``Gate.decide`` per scheduled batch, every registered phase enabled."""
     rows = []
     for bs in sizes:
         batch = synthetic_batch(bs, extend_len=4 * deploy.page_size * deploy.cp_size)
+        loop = HostLoop(
+            deploy, ALL_PHASES, pages_for_trace([batch], deploy.page_size, deploy.cp_size)
+        )
+        scheduled = loop.step(batch).scheduled
         repeats = max(20, 20_000 // bs)
-        seconds = median_seconds(partial(gate.plan, batch), repeats=repeats)
+        seconds = median_seconds(partial(loop.gate.decide, scheduled), repeats=repeats)
         rows.append(GateTiming(bs, seconds * 1e6))
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class HostPlanTiming:
+    """Host planning time of one rank for one batch with long histories."""
+
+    requests: int
+    history_tokens: int
+    """History per request before the measured batch."""
+    extend_tokens: int
+    pages: int
+    """Page-table entries the batch reads (every request's whole table)."""
+    phase: int
+    microseconds: float
+    """``build_host_plan`` for rank 0, median after a warm-up."""
+
+    @property
+    def microseconds_per_page(self) -> float:
+        """Host plan time over page-table entries: flat as history grows when O(pages)."""
+        return self.microseconds / self.pages
+
+
+def bench_host_plan(
+    deploy: DeploymentConfig,
+    histories: Sequence[int] = (4096, 32768, 131072),
+    requests: int = 8,
+    repeats: int = 20,
+) -> list[HostPlanTiming]:
+    """``build_host_plan`` of a batch of ``requests`` continuing requests, each with
+    ``history`` tokens already cached, every phase enabled (the gate picks the plan)."""
+    extend = 2 * deploy.cp_size * deploy.page_size
+    rows = []
+    for history in histories:
+        first = BatchSpec(0, tuple(RequestSpec(f"r{i}", 0, history) for i in range(requests)))
+        second = BatchSpec(1, tuple(RequestSpec(f"r{i}", history, extend) for i in range(requests)))
+        pages = pages_for_trace([first, second], deploy.page_size, deploy.cp_size)
+        loop = HostLoop(deploy, ALL_PHASES, pages)
+        loop.step(first)
+        step = loop.step(second)
+        plan = partial(build_host_plan, step.scheduled, step.decision.plan, 0)
+        seconds = median_seconds(plan, repeats=repeats)
+        entries = sum(len(r.page_table) for r in step.scheduled.requests)
+        rows.append(
+            HostPlanTiming(requests, history, extend, entries, step.decision.phase, seconds * 1e6)
+        )
     return rows
 
 
@@ -102,14 +149,10 @@ def bench_tail_bytes(
     for cp_size in cp_sizes:
         for cp_mode in CpMode:
             deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=16)
-            plans = tuple(
-                tuple(
-                    p.plan
-                    for p in level_plans(lv, frozenset({PhaseId.NARROW_OUTPUT}), deploy, [batch])
-                )
-                for lv in (0, 1)
+            pages = pages_for_trace([batch], 16, cp_size)
+            job = RankJob(
+                model, deploy, (batch,), (0, 1), pages, frozenset({PhaseId.NARROW_OUTPUT})
             )
-            job = RankJob(model, deploy, (batch,), plans, pages_for_trace([batch], 16, cp_size))
             full, narrow = (
                 run.rank_outputs[0][0].gathered_bytes["tail_hidden"]
                 for run in run_levels(job, Backend.LOCAL)
@@ -123,6 +166,7 @@ class BenchReport:
     """Every figure of one bench run."""
 
     gate: list[GateTiming]
+    host_plan: list[HostPlanTiming]
     tail_bytes: list[TailBytes]
     kv_share: list[KvShare]
     materialized: list[MaterializedBytes]
@@ -139,6 +183,10 @@ class BenchReport:
         return {
             "warnings": self.warnings,
             "gate": [asdict(row) for row in self.gate],
+            "host_plan": [
+                asdict(row) | {"microseconds_per_page": row.microseconds_per_page}
+                for row in self.host_plan
+            ],
             "tail_bytes": [asdict(row) | {"ratio": row.ratio} for row in self.tail_bytes],
             "kv_share": [
                 asdict(row)
@@ -177,6 +225,7 @@ def run_bench(
     warnings: Sequence[str] = (),
     debug_checks: bool = False,
     on_step: Callable[[str], None] | None = None,
+    device: str = "cpu",
 ) -> BenchReport:
     """Runs every figure on ``batches`` (the built-in trace by default in the CLI);
     ``on_step`` hears the name of each figure as it starts."""
@@ -187,6 +236,8 @@ def run_bench(
 
     step("gate decision time")
     gate = bench_gate(deploy)
+    step("host plan time, 8 requests x 4K/32K/128K history")
+    host_plan = bench_host_plan(deploy)
     step("phase-1 tail bytes")
     tail = bench_tail_bytes(model)
     step("per-rank KV bytes, cp 2/4/8")
@@ -195,18 +246,18 @@ def run_bench(
     remaps = bench_remaps(model, repeats=max(5, 5 * repeats))
     step(f"step time of levels 0-5 on {deploy.cp_size} gloo ranks")
     levels = tuple(range(6))
-    times, results = bench_step_time(model, deploy, batches, levels, repeats, debug_checks)
-    chosen = [[p.phase for p in level_plans(lv, ALL_PHASES, deploy, batches)] for lv in levels]
+    times, runs = bench_step_time(model, deploy, batches, levels, repeats, debug_checks, device)
     page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, deploy.page_size)
     step(f"PD: {deploy.cp_size} prefill ranks -> decode over Mooncake loopback")
     pd = bench_pd(model, deploy, batches, (0, 2, 5))
     return BenchReport(
         gate=gate,
+        host_plan=host_plan,
         tail_bytes=tail,
         kv_share=share,
-        materialized=materialized_bytes([results[2].run, results[3].run], batches),
-        write_path=[row for row in write_path_bytes(results, chosen) if row.level >= 2],
-        page_balance=page_balance(results, page_bytes),
+        materialized=materialized_bytes([runs[2], runs[3]], batches),
+        write_path=[row for row in write_path_bytes(runs) if row.level >= 2],
+        page_balance=page_balance(runs, page_bytes),
         pd=pd,
         remaps=remaps,
         step_time=times,

@@ -3,37 +3,38 @@ remap, and end-to-end step time per level, each measured side by side in one run
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from cpkv.loop import HostLoop
 from cpkv.runner import Backend, LevelRun, RankJob, run_jobs_on_gloo, run_levels
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.dist.comm import Communicator
-from cpkv_core.dist.local_group import run_local
-from cpkv_core.planning.allocation import pages_for_trace
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
-from cpkv_core.planning.execution import ExecutionPlan, KvLayout, KvReadStrategy, KvWriteStrategy
-from cpkv_core.runtime.engine import CPEngine
-from cpkv_core.runtime.kv_access import materialize
-from cpkv_core.runtime.kv_pool import kv_bytes_per_page, kv_bytes_per_token
-from cpkv_core.runtime.layout import build_read_plan
-from phases.gate import level_plans
-from phases.ids import PhaseId
+from cpkv_core.dist import Communicator, run_local
+from cpkv_core.planning import (
+    BatchSpec,
+    KvLayout,
+    KvReadStrategy,
+    KvWriteStrategy,
+    RequestSpec,
+    build_host_plan,
+    pages_for_trace,
+)
+from cpkv_core.runtime import (
+    CPEngine,
+    expand,
+    kv_bytes_per_page,
+    kv_bytes_per_token,
+    materialize,
+    upload,
+)
+from phases import PhaseId
 
 ALL_PHASES = frozenset(PhaseId)
 """Level L of a bench enables every phase <= L."""
-
-
-def plans_by_level(
-    deploy: DeploymentConfig, batches: Sequence[BatchSpec], levels: Sequence[int]
-) -> tuple[tuple[ExecutionPlan, ...], ...]:
-    """The gate's plan for every batch at each level (every phase <= level enabled)."""
-    return tuple(
-        tuple(p.plan for p in level_plans(lv, ALL_PHASES, deploy, batches)) for lv in levels
-    )
 
 
 def _job(
@@ -41,10 +42,20 @@ def _job(
     deploy: DeploymentConfig,
     batches: Sequence[BatchSpec],
     levels: Sequence[int],
+    debug_checks: bool = False,
+    device: str = "cpu",
 ) -> RankJob:
-    plans = plans_by_level(deploy, batches, levels)
     num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
-    return RankJob(model, deploy, tuple(batches), plans, num_pages)
+    return RankJob(
+        model,
+        deploy,
+        tuple(batches),
+        tuple(levels),
+        num_pages,
+        ALL_PHASES,
+        debug_checks=debug_checks,
+        device=device,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,11 +169,11 @@ def _measure_remaps(
 ) -> list[tuple[str, int, float]]:
     """On one rank: writes ``setup`` sharded, then times plan + materialize of ``measured``
     under each remap; returns (remap, view bytes, median microseconds)."""
-    plans = [p.plan for p in level_plans(2, ALL_PHASES, deploy, [setup, measured])]
     num_pages = pages_for_trace([setup, measured], deploy.page_size, deploy.cp_size)
+    loop = HostLoop(deploy, frozenset({PhaseId.SHARDED_KV}), num_pages)
+    first, second = loop.step(setup), loop.step(measured)
     engine = CPEngine(model, deploy, comm, num_pages, KvLayout.SHARDED)
-    engine.run_batch(setup, plans[0])
-    engine.prepare(measured, plans[1])
+    engine.run_batch(first.scheduled, first.decision.plan)
     per_token = kv_bytes_per_token(model, deploy.index_k_dtype)
     strategies = (KvReadStrategy.MATERIALIZED_SLOT, KvReadStrategy.MATERIALIZED_UNIQUE)
     samples: dict[KvReadStrategy, list[float]] = {s: [] for s in strategies}
@@ -170,19 +181,18 @@ def _measure_remaps(
     # NOTE: the two remaps alternate within each round so drift hits both alike.
     for _ in range(repeats + 3):
         for strategy in strategies:
+            plan = dataclasses.replace(second.decision.plan, kv_read=strategy)
             start = time.perf_counter()
-            plan, _ = build_read_plan(
-                strategy, measured, engine.allocator, comm.rank, deploy.cp_size
-            )
-            assert plan.send_rows is not None and plan.view is not None, "a view plan"
-            materialize(comm, engine.pool.layers[0], plan.send_rows)
+            host = build_host_plan(second.scheduled, plan, comm.rank)
+            tensors = expand(host, upload(host, engine.device), model.vocab_size)
+            materialize(comm, engine.pool.layers[0], tensors.send_rows)
             samples[strategy].append(time.perf_counter() - start)
-            view_tokens[strategy] = plan.view.view_tokens
-    results = [
+            assert host.view is not None, "a view read plans a view"
+            view_tokens[strategy] = host.view.view_tokens
+    return [
         (str(s), view_tokens[s] * per_token, statistics.median(samples[s][3:]) * 1e6)
         for s in strategies
     ]
-    return results
 
 
 def bench_remaps(
@@ -220,15 +230,6 @@ def _trace_seconds(run: LevelRun) -> float:
     return sum(max(p.seconds for p in pieces) for pieces in run.rank_outputs)
 
 
-@dataclass(frozen=True, slots=True)
-class LevelResult:
-    """One level's run of a trace with the plan of every batch."""
-
-    level: int
-    run: LevelRun
-    plans: tuple[ExecutionPlan, ...]
-
-
 def bench_step_time(
     model: ModelConfig,
     deploy: DeploymentConfig,
@@ -236,14 +237,12 @@ def bench_step_time(
     levels: Sequence[int],
     repeats: int,
     debug_checks: bool = False,
-) -> tuple[list[StepTime], list[LevelResult]]:
+    device: str = "cpu",
+) -> tuple[list[StepTime], list[LevelRun]]:
     """Runs every level once to warm up, then ``repeats`` rounds of every level, interleaved,
     in ONE gloo group. Returns the times and the last round's runs."""
-    one_round = _job(model, deploy, batches, levels).plans_by_level
-    plans: tuple[tuple[ExecutionPlan, ...], ...] = one_round * (repeats + 1)
-    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
-    job = RankJob(model, deploy, tuple(batches), plans, num_pages, debug_checks)
-    runs = run_jobs_on_gloo([job])[0]
+    rounds = tuple(levels) * (repeats + 1)
+    runs = run_jobs_on_gloo([_job(model, deploy, batches, rounds, debug_checks, device)])[0]
     per_level = {
         level: statistics.median(
             _trace_seconds(runs[r * len(levels) + i]) for r in range(1, repeats + 1)
@@ -252,11 +251,7 @@ def bench_step_time(
     }
     base = per_level[levels[0]]
     times = [StepTime(level, s, s / base) for level, s in per_level.items()]
-    last = runs[-len(levels) :]
-    return times, [
-        LevelResult(lv, run, one_round[i])
-        for i, (lv, run) in enumerate(zip(levels, last, strict=True))
-    ]
+    return times, runs[-len(levels) :]
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,19 +271,18 @@ class WritePathBytes:
         return self.gathered_bytes if self.needed_by_write else 0
 
 
-def write_path_bytes(
-    results: Sequence[LevelResult], phases: Sequence[Sequence[int]]
-) -> list[WritePathBytes]:
+def write_path_bytes(runs: Sequence[LevelRun]) -> list[WritePathBytes]:
     """Per batch and level: the current-KV gather and whether write or read needed it."""
     rows = []
-    for result, chosen in zip(results, phases, strict=True):
-        for i, plan in enumerate(result.plans):
-            tags = result.run.rank_outputs[i][0].gathered_bytes
+    for run in runs:
+        for i, step in enumerate(run.steps):
+            plan = step.decision.plan
+            tags = run.rank_outputs[i][0].gathered_bytes
             rows.append(
                 WritePathBytes(
-                    level=result.level,
+                    level=run.level,
                     batch=i,
-                    phase=chosen[i],
+                    phase=step.decision.phase,
                     gathered_bytes=tags.get("current_kv", 0) + tags.get("current_index_k", 0),
                     needed_by_write=plan.kv_write is not KvWriteStrategy.COMPUTE_OWNER_DIRECT,
                     needed_by_read=plan.kv_read is KvReadStrategy.CURRENT_REUSE,
@@ -310,10 +304,10 @@ class PageBalance:
         return max(self.pages_by_rank) / max(1, min(self.pages_by_rank))
 
 
-def page_balance(results: Sequence[LevelResult], page_bytes: int) -> list[PageBalance]:
+def page_balance(runs: Sequence[LevelRun], page_bytes: int) -> list[PageBalance]:
     """From the sharded levels' last batch: per-rank KV bytes over one page's bytes."""
     return [
-        PageBalance(r.level, tuple(p.kv_bytes // page_bytes for p in r.run.rank_outputs[-1]))
-        for r in results
-        if r.plans and r.plans[0].kv_layout is KvLayout.SHARDED
+        PageBalance(run.level, tuple(p.kv_bytes // page_bytes for p in run.rank_outputs[-1]))
+        for run in runs
+        if run.steps and run.steps[0].decision.plan.kv_layout is KvLayout.SHARDED
     ]

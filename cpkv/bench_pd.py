@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cpkv.bench_kv import plans_by_level
 from cpkv.pd import PdJob, run_pd
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning import BatchSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +36,7 @@ def bench_pd(
     levels: Sequence[int],
 ) -> list[PdBytes]:
     """Prefills ``batches`` at ``levels`` and sends every request to one decode process."""
-    plans = plans_by_level(deploy, batches, levels)
-    (report,), (runs,) = run_pd(model, [PdJob(deploy, tuple(batches), tuple(levels), plans)])
+    (report,), (runs,) = run_pd(model, [PdJob(deploy, tuple(batches), tuple(levels))])
     if not report.ok:
         raise RuntimeError(f"PD transfer failed in the bench: {report.errors or report.requests}")
     rows = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from cpkv_core.traces.trace import Trace, parse_trace_text
+from cpkv_core.traces import Trace, parse_trace_text
 
 DEMO_TRACE = "data/demo_trace.jsonl"
 

@@ -26,7 +26,7 @@ from fractions import Fraction
 from typing import Any
 
 from cpkv_core.config import IndexKDtype, ModelConfig
-from cpkv_core.runtime.kv_pool import kv_bytes_per_token
+from cpkv_core.runtime import kv_bytes_per_token
 from phases import PhaseId
 
 GIB = 2**30

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -13,12 +14,15 @@ from cpkv import flag_commands, plan_command
 from cpkv.bench import run_bench
 from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
+from cpkv.devices import Device, check_device
+from cpkv.dry_run import dry_run_levels
 from cpkv.explain import explain_trace
 from cpkv.pd import PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
 from cpkv.report import (
     render_bench,
     render_demo,
+    render_dry_run,
     render_explain,
     render_pd,
     render_phases,
@@ -28,9 +32,9 @@ from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
-from cpkv_core.traces.trace import Trace, load_trace
+from cpkv_core.traces import Trace, load_trace
 from flags import debug_benchmark_warning, resolve_flags
-from phases.gate import level_plans, levels_of
+from phases.gate import levels_of
 from phases.registry import REGISTERED_PHASES
 
 app = typer.Typer(
@@ -56,6 +60,10 @@ BackendOpt = Annotated[
     Backend, typer.Option("--backend", help="gloo: one process per rank; local: threads.")
 ]
 ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (runs need tiny).")]
+DeviceOpt = Annotated[
+    Device,
+    typer.Option("--device", help="Where weights, pools and the run step live; meta: a dry run."),
+]
 IndexDtypeOpt = Annotated[
     IndexKDtype, typer.Option("--index-k-dtype", help="Storage dtype of the indexer key cache.")
 ]
@@ -74,16 +82,31 @@ def _run_verify(
     settings: RunSettings,
     backend: Backend,
     show_progress: bool,
+    device: Device = Device.CPU,
 ) -> VerifyReport:
     deploy = settings.deploy
-    levels = {
-        lv: level_plans(lv, settings.enabled, deploy, trace.batches, settings.ceiling)
+    levels = [
+        lv
         for lv in levels_of(settings.enabled)
         if settings.ceiling is None or lv <= settings.ceiling
-    }
-    debug = settings.debug_checks
+    ]
+
+    def run(on_progress: Callable[[BatchProgress], None] | None) -> VerifyReport:
+        return verify_levels(
+            model,
+            deploy,
+            trace.batches,
+            levels,
+            settings.enabled,
+            backend,
+            on_progress,
+            settings.debug_checks,
+            settings.ceiling,
+            str(device),
+        )
+
     if not show_progress:
-        return verify_levels(model, deploy, trace.batches, levels, backend, debug_checks=debug)
+        return run(None)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -97,7 +120,7 @@ def _run_verify(
         def advance(_: BatchProgress) -> None:
             progress.advance(task)
 
-        return verify_levels(model, deploy, trace.batches, levels, backend, advance, debug)
+        return run(advance)
 
 
 @app.command()
@@ -111,15 +134,21 @@ def verify(
     backend: BackendOpt = Backend.GLOO,
     model_name: ModelOpt = "tiny",
     index_k_dtype: IndexDtypeOpt = IndexKDtype.FP8_E4M3,
+    device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
 ) -> None:
     """Run TRACE on CP ranks at every level 0..highest enabled phase; compare each with the
-    non-CP reference. Exit 0 only when every batch of every level matches."""
+    non-CP reference. Exit 0 only when every batch of every level matches. With --device
+    meta, run every level's whole step on shapes alone and report the first op that needed
+    a value or another device."""
     with bad_input_exits():
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode, index_k_dtype)
         model = _runnable_model(model_name)
         trace = load_trace(trace_path, settings.deploy.page_size)
-    report = _run_verify(trace, model, settings, backend, show_progress=not as_json)
+        check_device(device)
+    if device is Device.META:
+        _dry_run_exit(settings.deploy, trace, as_json, settings)
+    report = _run_verify(trace, model, settings, backend, not as_json, device)
     emit(as_json, report.to_json(), lambda: render_verify_table(out, report, settings.deploy))
     raise typer.Exit(0 if report.ok else 1)
 
@@ -170,14 +199,19 @@ def bench(
     trace_path: Annotated[
         Path | None, typer.Option("--trace", help="Trace to measure (default: the built-in one).")
     ] = None,
+    device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
 ) -> None:
     """Performance figures, measured side by side in one run: bytes counted exactly, times as
-    medians after a warm-up, headline figures as ratios."""
+    medians after a warm-up, headline figures as ratios. With --device meta, a dry run of
+    levels 0-5 on the trace instead."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
         flags = resolve_flags().flags  # the debug checks and their warning come from the env
         trace = demo_trace(page_size) if trace_path is None else load_trace(trace_path, page_size)
+        check_device(device)
+    if device is Device.META:
+        _dry_run_exit(deploy, trace, as_json)
     warning = debug_benchmark_warning(flags)
     if warning:
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
@@ -190,6 +224,7 @@ def bench(
             warnings=[warning] if warning else [],
             debug_checks=flags.debug_cp_shared_kv,
             on_step=lambda name: status.update(f"bench: {name}"),
+            device=str(device),
         )
     emit(as_json, report.to_json(), lambda: render_bench(out, report))
 
@@ -202,14 +237,19 @@ def demo(
         CpMode.IN_SEQ_SPLIT
     ),
     backend: BackendOpt = Backend.GLOO,
+    device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
 ) -> None:
     """The main job on built-in defaults: a built-in trace through the gate, every registered
     phase on, on a real gloo group, each level verified against the reference; then every
-    request goes from the CP prefill ranks to a non-CP decode process over Mooncake."""
+    request goes from the CP prefill ranks to a non-CP decode process over Mooncake. With
+    --device meta, a dry run of every level instead."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=page_size)
         trace = demo_trace(page_size)
+        check_device(device)
+    if device is Device.META:
+        _dry_run_exit(deploy, trace, as_json)
     settings = RunSettings(deploy, frozenset(REGISTERED_PHASES), None, False)
     if not as_json:
         tokens = sum(b.num_tokens for b in trace.batches)
@@ -218,7 +258,7 @@ def demo(
             f"cp_size={cp_size} {cp_mode}, page_size={page_size}, backend {backend}, "
             f"phases {sorted(int(p) for p in settings.enabled)} on"
         )
-    report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json)
+    report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json, device)
     pd_report = _run_pd(trace, settings, timeout_s=30.0, retries=0)
     document = report.to_json() | {"pd": pd_report.to_json()}
 
@@ -235,8 +275,7 @@ def _pd_job(trace: Trace, settings: RunSettings) -> PdJob:
     level = levels_of(settings.enabled)[-1]
     if settings.ceiling is not None:
         level = min(level, settings.ceiling)
-    plans = level_plans(level, settings.enabled, settings.deploy, trace.batches, settings.ceiling)
-    return PdJob(settings.deploy, trace.batches, (level,), (tuple(p.plan for p in plans),))
+    return PdJob(settings.deploy, trace.batches, (level,), settings.enabled, settings.ceiling)
 
 
 def _run_pd(trace: Trace, settings: RunSettings, timeout_s: float, retries: int) -> PdReport:
@@ -257,16 +296,38 @@ def pd(
         float, typer.Option("--timeout", min=0.1, help="Seconds a transfer may take.")
     ] = 30.0,
     retries: Annotated[int, typer.Option("--retries", min=0, help="Retries per request.")] = 0,
+    device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
 ) -> None:
     """Prefill TRACE on CP ranks at the highest enabled level, transfer every request to a
     non-CP decode process over Mooncake (TCP loopback), check the rebuilt KV byte for byte
-    and one decode step against the reference. Exit 0 only when every request checks out."""
+    and one decode step against the reference. Exit 0 only when every request checks out.
+    With --device meta, a dry run of the prefill levels (no bytes to transfer)."""
     with bad_input_exits():
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
         trace = load_trace(trace_path, settings.deploy.page_size)
+        check_device(device)
+        if device is Device.CUDA:
+            raise BadInput(
+                "cpkv pd --device cuda needs Mooncake's CUDA build to register GPU pools; the "
+                "pd extra installs the CPU build (mooncake-transfer-engine-non-cuda)"
+            )
+    if device is Device.META:
+        _dry_run_exit(settings.deploy, trace, as_json, settings)
     report = _run_pd(trace, settings, timeout, retries)
     emit(as_json, report.to_json(), lambda: render_pd(out, report))
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _dry_run_exit(
+    deploy: DeploymentConfig, trace: Trace, as_json: bool, settings: RunSettings | None = None
+) -> None:
+    """Runs every level's step on ``meta`` (all phases unless ``settings`` say otherwise),
+    prints the report and exits 0 when every level ran."""
+    if settings is None:
+        settings = RunSettings(deploy, frozenset(REGISTERED_PHASES), None, False)
+    report = dry_run_levels(model_preset("tiny"), settings, trace.batches)
+    emit(as_json, report.to_json(), lambda: render_dry_run(out, report))
     raise typer.Exit(0 if report.ok else 1)
 
 

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpkv.loop import HostLoop
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.planning.batch import BatchSpec
-from phases.gate import BatchPlan, Gate, plan_trace
-from phases.ids import PhaseId
+from cpkv_core.planning import BatchSpec, pages_for_trace
+from phases import BatchPlan, PhaseId
 
 
 def plan_to_json(plan: BatchPlan) -> dict[str, Any]:
@@ -24,7 +24,12 @@ def plan_to_json(plan: BatchPlan) -> dict[str, Any]:
             "output": str(plan.plan.output),
         },
         "phases": [
-            {"phase": int(d.phase), "active": d.active, "reasons": list(d.reasons)}
+            {
+                "phase": int(d.phase),
+                "active": d.active,
+                "reasons": [str(r) for r in d.reasons],
+                "codes": [str(r.code) for r in d.reasons],
+            }
             for d in plan.decisions
         ],
     }
@@ -49,7 +54,7 @@ class ExplainReport:
             batches[plan.phase] += 1
             tokens[plan.phase] += batch.num_tokens
             for decision in plan.decisions:
-                reasons[int(decision.phase)].update(r.split(" ", 1)[0] for r in decision.reasons)
+                reasons[int(decision.phase)].update(str(r.code) for r in decision.reasons)
         return {
             "batches_by_phase": {str(k): v for k, v in sorted(batches.items())},
             "tokens_by_phase": {str(k): v for k, v in sorted(tokens.items())},
@@ -77,6 +82,9 @@ def explain_trace(
     deploy: DeploymentConfig,
     ceiling: int | None = None,
 ) -> ExplainReport:
-    """Runs the gate over ``batches``; touches no tensor."""
-    plans = plan_trace(Gate(enabled, deploy, ceiling), batches)
+    """Drives the runtime loop (schedule, gate) over ``batches`` without tensors."""
+    loop = HostLoop(
+        deploy, enabled, pages_for_trace(batches, deploy.page_size, deploy.cp_size), ceiling
+    )
+    plans = tuple(loop.step(batch).decision for batch in batches)
     return ExplainReport(deploy, enabled, ceiling, tuple(batches), plans)

@@ -24,14 +24,24 @@ from cpkv.runner import (
     run_jobs_on_gloo,
 )
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.pd.decode import serve_decode
-from cpkv_core.pd.prefill import PdFaults, PdTarget
-from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown
-from cpkv_core.planning.allocation import pages_for_trace
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
-from cpkv_core.planning.execution import ExecutionPlan
-from cpkv_core.runtime.outputs import OUTPUT_ATOL
-from cpkv_core.runtime.reference import ReferenceModel
+from cpkv_core.pd import (
+    PdFaults,
+    PdTarget,
+    Report,
+    ReportReply,
+    RequestReport,
+    Shutdown,
+    serve_decode,
+)
+from cpkv_core.planning import (
+    BatchSpec,
+    RequestSpec,
+    ScheduledRequest,
+    Scheduler,
+    pages_for_trace,
+)
+from cpkv_core.runtime import OUTPUT_ATOL, ReferenceModel
+from phases import PhaseId
 
 
 class DecodeServerError(RuntimeError):
@@ -174,16 +184,21 @@ def reference_requests(
 ) -> dict[str, ReferenceRequest]:
     """Runs the trace on the reference, then reads every request's KV and decodes one token."""
     num_pages = pages_for_trace(batches, deploy.page_size, 1) + len(request_order(batches))
+    scheduler = Scheduler(num_pages, deploy.page_size)
     reference = ReferenceModel(model, num_pages, deploy.page_size, deploy.index_k_dtype)
+    latest: dict[str, ScheduledRequest] = {}
     for batch in batches:
-        reference.run_batch(batch)
+        scheduled = scheduler.schedule(batch)
+        reference.run_batch(scheduled)
+        latest.update((r.rid, r) for r in scheduled.requests)
     result = {}
-    for rid in request_order(batches):
-        seq_len = reference.allocator.seq_len(rid)
-        locs = torch.tensor(reference.allocator.req_to_token(rid))
+    for index, rid in enumerate(request_order(batches)):
+        seq_len = latest[rid].seq_len
+        locs = reference.locs(latest[rid], 0, seq_len)
         rows = [reference.pool.read(layer, locs) for layer in range(model.num_layers)]
         kv = [(r.latent, r.index_k.view(torch.uint8), r.index_k_scale) for r in rows]
-        out = reference.run_request(RequestSpec(rid, seq_len, 1))
+        step = scheduler.schedule(BatchSpec(len(batches) + index, (RequestSpec(rid, seq_len, 1),)))
+        out = reference.run_request(step.requests[0])
         result[rid] = ReferenceRequest(kv, (out.last_hidden, out.logits))
     return result
 
@@ -250,7 +265,8 @@ class PdJob:
     deploy: DeploymentConfig
     batches: tuple[BatchSpec, ...]
     levels: tuple[int, ...]
-    plans_by_level: tuple[tuple[ExecutionPlan, ...], ...]
+    enabled: frozenset[PhaseId] = frozenset(PhaseId)
+    ceiling: int | None = None
 
 
 def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
@@ -288,8 +304,10 @@ def run_pd(
                 model,
                 job.deploy,
                 job.batches,
-                job.plans_by_level,
+                job.levels,
                 pages_for_trace(job.batches, job.deploy.page_size, job.deploy.cp_size),
+                enabled=job.enabled,
+                ceiling=job.ceiling,
                 pd=PdTarget(
                     decode.address, decode.authkey, f"j{index}/", retries, faults or PdFaults()
                 ),

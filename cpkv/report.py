@@ -5,14 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cpkv.bench import BenchReport
+from cpkv.dry_run import DryRunReport
 from cpkv.explain import ExplainReport
 from cpkv.pd import PdReport
 from cpkv.verify import VerifyReport
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.runtime.outputs import OUTPUT_ATOL
+from cpkv_core.runtime import OUTPUT_ATOL
 from phases.gate import BatchPlan
 
 
@@ -28,9 +30,9 @@ def human_bytes(num: float) -> str:
 def fallback_reasons(plan: BatchPlan) -> str:
     """Why enabled phases above the chosen one are off for the batch (DISABLED left out)."""
     texts = [
-        f"{int(d.phase)}: {'; '.join(d.reasons)}"
+        f"{int(d.phase)}: {'; '.join(str(r) for r in d.reasons)}"
         for d in plan.decisions
-        if not d.active and d.reasons != ("DISABLED",)
+        if not d.active and not d.disabled
     ]
     return "\n".join(texts) or "-"
 
@@ -66,11 +68,11 @@ def reason_codes(plan: BatchPlan) -> str:
     """Compact fallback reasons: ``4 SHORT_REQUEST x2; 5 OWNER_MISMATCH``."""
     parts = []
     for d in plan.decisions:
-        if d.active or d.reasons == ("DISABLED",):
+        if d.active or d.disabled:
             continue
         codes: dict[str, int] = {}
         for reason in d.reasons:
-            code = reason.split(" ", 1)[0]
+            code = str(reason.code)
             codes[code] = codes.get(code, 0) + 1
         parts.append(
             f"{int(d.phase)} " + ", ".join(c if n == 1 else f"{c} x{n}" for c, n in codes.items())
@@ -312,3 +314,18 @@ def render_pd(console: Console, report: PdReport) -> None:
     else:
         bad = sum(not r.ok for r in report.requests)
         console.print(f"[red]FAILED[/red]: {bad} request(s) did not transfer or check out")
+
+
+def render_dry_run(console: Console, report: DryRunReport) -> None:
+    """One line per level: ok, or the op that failed and where."""
+    for level in report.levels:
+        if level.ok:
+            console.print(
+                f"level {level.level}: [green]ok[/green] ({level.batches} batches on meta, "
+                f"cp_size={report.cp_size})"
+            )
+        else:
+            console.print(
+                f"level {level.level}: [red]FAILED[/red] {escape(level.error or '')} "
+                f"at {escape(level.where or '?')}"
+            )

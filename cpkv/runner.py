@@ -1,4 +1,8 @@
-"""The trace runner: drives a trace through CP ranks (real gloo processes or in-process threads)."""
+"""The trace runner: drives a trace through CP ranks (real gloo processes or in-process threads).
+
+Rank 0 runs the host loop (``loop.HostLoop``: schedule, gate) batch by batch and broadcasts
+each step; every rank then plans and runs it. Nothing is planned ahead for the trace.
+"""
 
 from __future__ import annotations
 
@@ -9,16 +13,26 @@ from enum import StrEnum
 
 import torch
 
+from cpkv.loop import HostLoop, LoopStep
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.dist.comm import Communicator, new_group_communicator
-from cpkv_core.dist.launch import ProgressEvent, report_progress, spawn_group
-from cpkv_core.dist.local_group import run_local
-from cpkv_core.pd.prefill import PdTarget, SendResult, send_requests
-from cpkv_core.planning.batch import BatchSpec
-from cpkv_core.planning.execution import ExecutionPlan, KvLayout
-from cpkv_core.runtime.engine import CPEngine
-from cpkv_core.runtime.outputs import BatchOutput, RankBatchOutput, merge_rank_outputs
-from cpkv_core.runtime.reference import ReferenceModel
+from cpkv_core.dist import (
+    Communicator,
+    ProgressEvent,
+    new_group_communicator,
+    report_progress,
+    run_local,
+    spawn_group,
+)
+from cpkv_core.pd import PdTarget, SendResult, send_requests
+from cpkv_core.planning import BatchSpec, ScheduledBatch
+from cpkv_core.runtime import (
+    BatchOutput,
+    CPEngine,
+    RankBatchOutput,
+    ReferenceModel,
+    merge_rank_outputs,
+)
+from phases import PhaseId, level_enabled
 
 
 class Backend(StrEnum):
@@ -37,20 +51,27 @@ class RankJob:
     model: ModelConfig
     deploy: DeploymentConfig
     batches: tuple[BatchSpec, ...]
-    plans_by_level: tuple[tuple[ExecutionPlan, ...], ...]
-    """For each level run, one plan per batch."""
+    levels: tuple[int, ...]
+    """Level of each run, in order (a level may repeat: bench rounds)."""
     num_pages: int
+    enabled: frozenset[PhaseId] = frozenset(PhaseId)
+    """Phases enabled for the deployment; a run at level L hands its gate those <= L."""
+    ceiling: int | None = None
     debug_checks: bool = False
     """Run the sharded-KV invariant checks (they synchronise)."""
     pd: PdTarget | None = None
     """After each level's trace, send every request to this decode server (PD)."""
+    device: str = "cpu"
+    """Where weights, pools and run-step tensors live."""
 
 
 @dataclass(frozen=True, slots=True)
 class RankRun:
-    """One rank's part of one level: its batch outputs and, with PD, its send results."""
+    """One rank's part of one level: its batch outputs, the loop's steps (rank 0 only) and,
+    with PD, its send results."""
 
     outputs: list[RankBatchOutput]
+    steps: list[LoopStep]
     pd: list[SendResult]
 
 
@@ -64,8 +85,10 @@ class BatchProgress:
 
 @dataclass(frozen=True, slots=True)
 class LevelRun:
-    """One level's run of a trace: merged outputs and per-rank pieces, batch by batch."""
+    """One level's run of a trace: the loop's steps, merged outputs and per-rank pieces."""
 
+    level: int
+    steps: tuple[LoopStep, ...]
     outputs: tuple[BatchOutput, ...]
     rank_outputs: tuple[tuple[RankBatchOutput, ...], ...]
     """``rank_outputs[batch][rank]``."""
@@ -73,45 +96,68 @@ class LevelRun:
     """``pd[rank]``: how each request went from each rank (PD runs only)."""
 
 
-def level_layout(plans: Sequence[ExecutionPlan]) -> KvLayout:
-    """The KV layout every plan of a level stores into; one per level (KV at rest is fixed)."""
-    layouts = {plan.kv_layout for plan in plans}
-    if len(layouts) > 1:
-        raise RuntimeError(f"a level mixes KV layouts {sorted(layouts)}, indicates a gate bug")
-    return layouts.pop() if layouts else KvLayout.REPLICATED
-
-
 def request_order(batches: Sequence[BatchSpec]) -> list[str]:
     """Every rid of a trace, in order of first appearance."""
     return list(dict.fromkeys(req.rid for batch in batches for req in batch.requests))
 
 
+def _to_host(out: RankBatchOutput) -> RankBatchOutput:
+    return dataclasses.replace(
+        out,
+        local_token_indices=out.local_token_indices.cpu(),
+        topk=out.topk.cpu(),
+        last_hidden=out.last_hidden.cpu(),
+        logits=out.logits.cpu(),
+    )
+
+
+def _run_level(
+    comm: Communicator,
+    job: RankJob,
+    run: int,
+    notify: Callable[[BatchProgress], None] | None,
+) -> RankRun:
+    enabled = level_enabled(job.levels[run], job.enabled)
+    loop = HostLoop(job.deploy, enabled, job.num_pages, job.ceiling) if comm.rank == 0 else None
+    engine: CPEngine | None = None
+    outputs, steps = [], []
+    for batch in job.batches:
+        step = comm.broadcast_object(loop.step(batch) if loop is not None else None)
+        assert isinstance(step, LoopStep), f"rank {comm.rank} got {type(step)} for a step"
+        if engine is None:
+            # NOTE: the first decision fixes the KV layout (KV at rest cannot change).
+            engine = CPEngine(
+                job.model,
+                job.deploy,
+                comm,
+                job.num_pages,
+                kv_layout=step.decision.plan.kv_layout,
+                debug_checks=job.debug_checks,
+                device=job.device,
+            )
+        with torch.no_grad():
+            outputs.append(_to_host(engine.run_batch(step.scheduled, step.decision.plan)))
+        if loop is not None:
+            steps.append(step)
+            if notify is not None:
+                notify(BatchProgress(run, batch.batch))
+    sent: list[SendResult] = []
+    if job.pd is not None and engine is not None:
+        target = dataclasses.replace(job.pd, rid_prefix=f"{job.pd.rid_prefix}{run}/")
+        sent = send_requests(engine, request_order(job.batches), target)
+        if loop is not None:
+            for result in sent:
+                if result.released:
+                    loop.scheduler.release(result.rid)
+    return RankRun(outputs, steps, sent)
+
+
 def _run_job(
     comm: Communicator, job: RankJob, notify: Callable[[BatchProgress], None] | None
 ) -> list[RankRun]:
-    """One rank's part: a fresh engine per level, every batch in order, then PD if asked;
-    rank 0 notifies progress."""
-    results = []
-    for run, plans in enumerate(job.plans_by_level):
-        engine = CPEngine(
-            job.model,
-            job.deploy,
-            comm,
-            job.num_pages,
-            kv_layout=level_layout(plans),
-            debug_checks=job.debug_checks,
-        )
-        outputs = []
-        for batch, plan in zip(job.batches, plans, strict=True):
-            outputs.append(engine.run_batch(batch, plan))
-            if comm.rank == 0 and notify is not None:
-                notify(BatchProgress(run, batch.batch))
-        sent: list[SendResult] = []
-        if job.pd is not None:
-            target = dataclasses.replace(job.pd, rid_prefix=f"{job.pd.rid_prefix}{run}/")
-            sent = send_requests(engine, request_order(job.batches), target)
-        results.append(RankRun(outputs, sent))
-    return results
+    """One rank's part: a fresh engine and loop per level, every batch in order, then PD if
+    asked; rank 0 notifies progress."""
+    return [_run_level(comm, job, run, notify) for run in range(len(job.levels))]
 
 
 def run_jobs_rank(comm: Communicator, jobs: tuple[RankJob, ...]) -> list[list[RankRun] | None]:
@@ -131,7 +177,7 @@ def run_jobs_rank(comm: Communicator, jobs: tuple[RankJob, ...]) -> list[list[Ra
 
 def _level_runs(job: RankJob, per_rank: Sequence[list[RankRun]]) -> list[LevelRun]:
     runs = []
-    for run in range(len(job.plans_by_level)):
+    for run, level in enumerate(job.levels):
         by_batch = tuple(
             tuple(per_rank[rank][run].outputs[i] for rank in range(job.deploy.cp_size))
             for i in range(len(job.batches))
@@ -141,7 +187,8 @@ def _level_runs(job: RankJob, per_rank: Sequence[list[RankRun]]) -> list[LevelRu
             for batch, pieces in zip(job.batches, by_batch, strict=True)
         )
         pd = tuple(tuple(per_rank[rank][run].pd) for rank in range(job.deploy.cp_size))
-        runs.append(LevelRun(outputs, by_batch, pd))
+        steps = tuple(per_rank[0][run].steps)
+        runs.append(LevelRun(level, steps, outputs, by_batch, pd))
     return runs
 
 
@@ -175,7 +222,8 @@ def run_levels(
     on_progress: Callable[[BatchProgress], None] | None = None,
     timeout_s: float = 600.0,
 ) -> list[LevelRun]:
-    """Runs ``job`` on ``job.deploy.cp_size`` ranks: one ``LevelRun`` per plans_by_level entry."""
+    """Runs ``job`` on ``job.deploy.cp_size`` ranks: one ``LevelRun`` per entry of
+    ``job.levels``."""
     if backend is Backend.GLOO:
         return run_jobs_on_gloo([job], on_progress, timeout_s)[0]
     cp_size = job.deploy.cp_size
@@ -183,10 +231,24 @@ def run_levels(
     return _level_runs(job, per_rank)
 
 
-def run_reference(job: RankJob) -> list[BatchOutput]:
-    """The oracle's outputs for every batch of ``job``."""
+def run_reference(
+    model: ModelConfig, job: RankJob, batches: Sequence[ScheduledBatch]
+) -> list[BatchOutput]:
+    """The oracle's outputs for every scheduled batch of a run (on the job's device)."""
     reference = ReferenceModel(
-        job.model, job.num_pages, job.deploy.page_size, job.deploy.index_k_dtype
+        model, job.num_pages, job.deploy.page_size, job.deploy.index_k_dtype, device=job.device
     )
     with torch.no_grad():
-        return [reference.run_batch(batch) for batch in job.batches]
+        return [_output_to_host(reference.run_batch(batch)) for batch in batches]
+
+
+def _output_to_host(output: BatchOutput) -> BatchOutput:
+    return dataclasses.replace(
+        output,
+        requests=tuple(
+            dataclasses.replace(
+                r, last_hidden=r.last_hidden.cpu(), logits=r.logits.cpu(), topk=r.topk.cpu()
+            )
+            for r in output.requests
+        ),
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,10 +16,9 @@ from cpkv.runner import (
     run_reference,
 )
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.planning.allocation import pages_for_trace
-from cpkv_core.planning.batch import BatchSpec
-from cpkv_core.runtime.outputs import OUTPUT_ATOL, BatchComparison, BatchOutput, compare_batch
-from phases.gate import BatchPlan
+from cpkv_core.planning import BatchSpec, pages_for_trace
+from cpkv_core.runtime import OUTPUT_ATOL, BatchComparison, BatchOutput, compare_batch
+from phases import BatchPlan, PhaseId
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,23 +95,17 @@ class VerifyReport:
         }
 
 
-def _level_report(
-    level: int,
-    plans: Sequence[BatchPlan],
-    job: RankJob,
-    run: LevelRun,
-    reference: list[BatchOutput],
-) -> LevelReport:
+def _level_report(level: int, run: LevelRun, reference: list[BatchOutput]) -> LevelReport:
     rows = []
-    for batch, plan, ref, got, pieces in zip(
-        job.batches, plans, reference, run.outputs, run.rank_outputs, strict=True
+    for step, ref, got, pieces in zip(
+        run.steps, reference, run.outputs, run.rank_outputs, strict=True
     ):
         rows.append(
             BatchRow(
                 level=level,
-                batch=batch.batch,
-                batch_plan=plan,
-                tokens=batch.num_tokens,
+                batch=step.scheduled.batch,
+                batch_plan=step.decision,
+                tokens=step.scheduled.num_tokens,
                 gathered_bytes_by_rank=tuple(sum(p.gathered_bytes.values()) for p in pieces),
                 gathered_bytes_by_tag=pieces[0].gathered_bytes,
                 kv_bytes_by_rank=tuple(p.kv_bytes for p in pieces),
@@ -126,27 +119,28 @@ def verify_levels(
     model: ModelConfig,
     deploy: DeploymentConfig,
     batches: tuple[BatchSpec, ...],
-    levels: Mapping[int, Sequence[BatchPlan]],
+    levels: Sequence[int],
+    enabled: frozenset[PhaseId],
     backend: Backend,
     on_progress: Callable[[BatchProgress], None] | None = None,
     debug_checks: bool = False,
+    ceiling: int | None = None,
+    device: str = "cpu",
 ) -> VerifyReport:
-    """Runs ``batches`` once per level (the gate's plan per batch) in one group, and compares
-    every run with the reference."""
-    ordered = sorted(levels)
+    """Runs ``batches`` once per level in one group (the gate deciding each batch as the run
+    goes) and compares every run with the reference, which runs the scheduled batches of
+    the first level."""
     job = RankJob(
         model=model,
         deploy=deploy,
         batches=batches,
-        plans_by_level=tuple(tuple(p.plan for p in levels[lv]) for lv in ordered),
+        levels=tuple(levels),
         num_pages=pages_for_trace(batches, deploy.page_size, deploy.cp_size),
+        enabled=enabled,
+        ceiling=ceiling,
         debug_checks=debug_checks,
+        device=device,
     )
-    reference = run_reference(job)
     runs = run_levels(job, backend, on_progress)
-    return VerifyReport(
-        tuple(
-            _level_report(lv, levels[lv], job, run, reference)
-            for lv, run in zip(ordered, runs, strict=True)
-        )
-    )
+    reference = run_reference(model, job, [step.scheduled for step in runs[0].steps])
+    return VerifyReport(tuple(_level_report(run.level, run, reference) for run in runs))

@@ -1,4 +1,10 @@
-"""cpkv_core, the "how": CP prefill mechanics free of flags and phases; entry point ``CPEngine``."""
+"""cpkv_core, the "how": CP prefill mechanics free of flags and phases.
+
+Entry points: ``planning.Scheduler`` (host: one ``ScheduledBatch`` per batch) and
+``runtime.CPEngine`` (device: one rank's run of it). Sub-packages: ``planning`` (host,
+torch-free), ``runtime`` (the run step), ``dist`` (communication), ``pd`` (prefill to
+decode transfer), ``traces`` (the trace format).
+"""
 
 from cpkv_core.config import (
     MODEL_PRESETS,
@@ -8,46 +14,26 @@ from cpkv_core.config import (
     ModelConfig,
     model_preset,
 )
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
-from cpkv_core.planning.execution import (
-    ExecutionPlan,
-    KvReadStrategy,
-    KvWriteStrategy,
-    OutputStrategy,
-    SplitStrategy,
-)
-from cpkv_core.runtime.engine import CPEngine
-from cpkv_core.runtime.outputs import (
-    BatchOutput,
-    RankBatchOutput,
-    compare_batch,
-    merge_rank_outputs,
-)
-from cpkv_core.runtime.reference import ReferenceModel
-from cpkv_core.traces.trace import Trace, TraceError, load_trace, parse_trace_text
+from cpkv_core.planning import BatchSpec, ExecutionPlan, RequestSpec, ScheduledBatch, Scheduler
+from cpkv_core.runtime import CPEngine, ReferenceModel
+from cpkv_core.traces import Trace, TraceError, load_trace, parse_trace_text
 
 __all__ = [
     "MODEL_PRESETS",
-    "BatchOutput",
     "BatchSpec",
     "CPEngine",
     "CpMode",
     "DeploymentConfig",
     "ExecutionPlan",
     "IndexKDtype",
-    "KvReadStrategy",
-    "KvWriteStrategy",
     "ModelConfig",
-    "OutputStrategy",
-    "RankBatchOutput",
     "ReferenceModel",
     "RequestSpec",
-    "SplitStrategy",
+    "ScheduledBatch",
+    "Scheduler",
     "Trace",
     "TraceError",
-    "compare_batch",
     "load_trace",
-    "merge_rank_outputs",
     "model_preset",
     "parse_trace_text",
 ]

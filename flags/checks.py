@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from cpkv_core.config import CpMode, DisaggregationMode, TransferBackend
 from flags.model import FLAG_SPECS, PHASE_FLAGS, FlagError, FlagSet
 from phases import PHASE_NEEDS, PhaseId, startup_problems
 
@@ -28,14 +27,9 @@ class ProblemCode(StrEnum):
     """A phase flag is on while ``--enable-nsa-prefill-context-parallel`` is off."""
     NEEDS_DISABLED = "NEEDS_DISABLED"
     """A phase flag is on but the flag of a phase it needs is off."""
-    PAGE_ALIGNED_WITH_ROUND_ROBIN = "PAGE_ALIGNED_WITH_ROUND_ROBIN"
-    """Phase 4 cuts the zigzag split; round-robin-split has no segments to align."""
-    SHARED_KV_WITH_CP_DECODE = "SHARED_KV_WITH_CP_DECODE"
-    """Phase 2 sends owned pages to a non-CP decode side; a CP decode side is not supported."""
-    SHARED_KV_WITH_BACKEND = "SHARED_KV_WITH_BACKEND"
-    """Phase 2 under PD needs owned-page transfer, which only the Mooncake backend has."""
     STARTUP_CONTRACT = "STARTUP_CONTRACT"
-    """A phase's own start-up contract (``phases``) does not hold for the deployment."""
+    """A flagged phase's own start-up contract (``phases``) does not hold for the
+    deployment the flags describe (e.g. phase 4 with round-robin-split)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +76,12 @@ def check_flags(flags: FlagSet) -> list[Problem]:
     """Every start-up problem of ``flags``: bad values, bad combinations, phase contracts.
 
     Combinations are checked over the flagged phases (the ceiling never hides a problem
-    in the configuration); the phases' own start-up contracts are checked for the phases
-    the gate would be handed, against :meth:`FlagSet.deployment`.
+    in the configuration), and so are the phases' own start-up contracts, against
+    :meth:`FlagSet.deployment`: each rule is stated once, in its phase.
     """
     problems = _value_problems(flags) + _combination_problems(flags)
     if not any(p.code in _SIZE_CODES for p in problems):
-        # NOTE: a named combination problem (e.g. SHARED_KV_WITH_CP_DECODE) restates the
-        # phase's own contract in flag terms; report each cause once, by its flag name.
-        named = {dict(p.values).get("phase") for p in problems}
-        problems += [p for p in _contract_problems(flags) if dict(p.values)["phase"] not in named]
+        problems += _contract_problems(flags)
     return problems
 
 
@@ -99,6 +90,15 @@ _SIZE_CODES = {
     ProblemCode.PAGE_SIZE_BELOW_ONE,
     ProblemCode.DECODE_CP_SIZE_BELOW_ONE,
 }
+
+FLAG_OF_DEPLOYMENT_FIELD: dict[str, str] = {
+    "cp_size": "attn_cp_size",
+    "cp_mode": "nsa_prefill_cp_mode",
+    "page_size": "page_size",
+    "decode_cp_size": "disaggregation_decode_cp_size",
+    "pd_backend": "disaggregation_transfer_backend",
+}
+"""The flag behind each deployment field a phase contract constrains."""
 
 
 def _value_problems(flags: FlagSet) -> list[Problem]:
@@ -140,57 +140,36 @@ def _combination_problems(flags: FlagSet) -> list[Problem]:
             for need in PHASE_NEEDS[phase]
             if need not in flagged
         ]
-    return problems + _layout_problems(flags, flagged)
-
-
-def _layout_problems(flags: FlagSet, flagged: frozenset[PhaseId]) -> list[Problem]:
-    problems = []
-    mode = flags.nsa_prefill_cp_mode
-    if PhaseId.PAGE_ALIGNED_SPLIT in flagged and mode is CpMode.ROUND_ROBIN_SPLIT:
-        problems.append(
-            Problem(
-                ProblemCode.PAGE_ALIGNED_WITH_ROUND_ROBIN,
-                (("phase", 4), ("nsa_prefill_cp_mode", str(mode))),
-                "use --nsa-prefill-cp-mode in-seq-split, or turn phase 4 off",
-            )
-        )
-    if PhaseId.SHARDED_KV not in flagged:
-        return problems
-    decode_cp = flags.disaggregation_decode_cp_size
-    if decode_cp > 1:
-        problems.append(
-            Problem(
-                ProblemCode.SHARED_KV_WITH_CP_DECODE,
-                (("phase", 2), ("disaggregation_decode_cp_size", decode_cp)),
-                "sharded KV is sent to a non-CP decode side only; turn phase 2 off",
-            )
-        )
-    backend = flags.disaggregation_transfer_backend
-    pd = flags.disaggregation_mode is not DisaggregationMode.NULL
-    if pd and backend is not TransferBackend.MOONCAKE:
-        problems.append(
-            Problem(
-                ProblemCode.SHARED_KV_WITH_BACKEND,
-                (("phase", 2), ("disaggregation_transfer_backend", str(backend))),
-                "owned-page transfer needs --disaggregation-transfer-backend mooncake",
-            )
-        )
     return problems
 
 
 def _contract_problems(flags: FlagSet) -> list[Problem]:
+    """The flagged phases' start-up contracts, each failure named by its flag."""
     try:
         deploy = flags.deployment()
     except FlagError:
         return []
-    code = str(ProblemCode.STARTUP_CONTRACT)
-    return [
-        Problem(
-            ProblemCode.STARTUP_CONTRACT,
-            (("phase", int(phase)),),
-            f"change the deployment or turn phase {int(phase)} off (cpkv phases lists contracts)",
-            text.removeprefix(code).strip(),
-        )
-        for phase, texts in startup_problems(flags.enabled_phases(), deploy).items()
-        for text in texts
-    ]
+    problems = []
+    for phase, reasons in startup_problems(flags.flagged_phases(), deploy).items():
+        for reason in reasons:
+            values = tuple(
+                (FLAG_OF_DEPLOYMENT_FIELD.get(field, field), _flag_value(flags, field, value))
+                for field, value in reason.values
+            )
+            flag = FLAG_SPECS.get(values[0][0]) if values else None
+            change = flag.cli if flag is not None else "the deployment"
+            problems.append(
+                Problem(
+                    ProblemCode.STARTUP_CONTRACT,
+                    (("phase", int(phase)), *values),
+                    f"phase {int(phase)} {reason.rule}: change {change}, or turn it off",
+                    reason.rule,
+                )
+            )
+    return problems
+
+
+def _flag_value(flags: FlagSet, field: str, value: Value) -> Value:
+    """The flag's own value where a contract field is derived (``pd_backend``)."""
+    name = FLAG_OF_DEPLOYMENT_FIELD.get(field)
+    return getattr(flags, name) if name is not None and hasattr(flags, name) else value

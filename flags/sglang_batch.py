@@ -14,7 +14,7 @@ Fields read (nothing else, and no tensor):
 
 from __future__ import annotations
 
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning import BatchSpec, RequestSpec
 from flags.model import FlagError
 
 

@@ -1,7 +1,14 @@
 """Phases, the "when" layer: per-phase contracts and the runtime gate; entry point ``Gate``."""
 
-from phases.base import Phase, check_startup
-from phases.gate import BatchPlan, Gate, PhaseDecision, level_plans, levels_of, startup_problems
+from phases.base import Phase, StartupContract, check_startup
+from phases.gate import (
+    BatchPlan,
+    Gate,
+    PhaseDecision,
+    level_enabled,
+    levels_of,
+    startup_problems,
+)
 from phases.ids import PHASE_NEEDS, PhaseId, closure_of_needs, parse_phase_list
 from phases.reasons import Reason, ReasonCode
 from phases.registry import REGISTERED_PHASES
@@ -16,9 +23,10 @@ __all__ = [
     "PhaseId",
     "Reason",
     "ReasonCode",
+    "StartupContract",
     "check_startup",
     "closure_of_needs",
-    "level_plans",
+    "level_enabled",
     "levels_of",
     "parse_phase_list",
     "startup_problems",

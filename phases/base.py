@@ -2,30 +2,45 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import ClassVar, Protocol, Self
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.planning.batch import BatchSpec
-from cpkv_core.planning.execution import ExecutionPlan
+from cpkv_core.planning import ExecutionPlan, ScheduledBatch
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode
+
+
+class StartupContract(BaseModel):
+    """A phase's start-up conditions on the deployment, validated once per deployment.
+
+    Subclasses declare the fields they constrain (each with its rule as the attribute
+    docstring) and fill them in ``from_deployment``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    @classmethod
+    def from_deployment(cls, deploy: DeploymentConfig) -> Self:
+        """The contract filled from ``deploy``; raises ValidationError where a rule fails."""
+        return cls()
 
 
 class Phase(Protocol):
     """One migration phase.
 
     ``check_startup`` runs once per deployment (pydantic validation lives there);
-    ``check_batch`` runs per batch on host metadata only and returns every reason it refuses.
+    ``check_batch`` runs per batch on the scheduled batch's host metadata only and returns
+    every reason it refuses, as structured ``Reason`` values (no text per batch).
     """
 
     id: PhaseId
     needs: tuple[PhaseId, ...]
-    startup_contract: type[BaseModel]
+    startup_contract: ClassVar[type[StartupContract]]
     summary: str
 
-    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
+    def check_batch(self, batch: ScheduledBatch, deploy: DeploymentConfig) -> list[Reason]:
         """Every reason this batch cannot take the phase; empty when it can."""
         ...
 
@@ -35,30 +50,24 @@ class Phase(Protocol):
 
 
 def check_startup(phase: Phase, deploy: DeploymentConfig) -> list[Reason]:
-    """Validates ``phase``'s start-up contract against ``deploy``; every failure is a reason.
-
-    The contract's fields name the deployment attributes it constrains; they are read from
-    ``deploy`` by name and validated once.
-    """
+    """Validates ``phase``'s start-up contract against ``deploy``; every failure is a reason
+    ``STARTUP_CONTRACT field=value: rule``, the rule being the field's documented one."""
     contract = phase.startup_contract
-    values = {name: getattr(deploy, name) for name in contract.model_fields}
     try:
-        contract.model_validate(values)
+        contract.from_deployment(deploy)
     except ValidationError as exc:
-        return [_contract_reason(contract, values, err["loc"], err["msg"]) for err in exc.errors()]
+        return [_contract_reason(contract, deploy, err["loc"], err["msg"]) for err in exc.errors()]
     return []
 
 
 def _contract_reason(
-    contract: type[BaseModel], values: dict[str, object], loc: tuple[int | str, ...], msg: str
+    contract: type[StartupContract],
+    deploy: DeploymentConfig,
+    loc: tuple[int | str, ...],
+    msg: str,
 ) -> Reason:
-    """``STARTUP_CONTRACT field=value: requirement``, the requirement being the field's
-    documented rule (its attribute docstring) rather than pydantic's wording."""
-    name = _field(loc)
+    name = str(loc[0]) if loc else "deployment"
     field = contract.model_fields.get(name)
     rule = field.description if field is not None and field.description else msg
-    return Reason(ReasonCode.STARTUP_CONTRACT, f"{name}={values.get(name)!s}: {rule}")
-
-
-def _field(loc: tuple[int | str, ...]) -> str:
-    return str(loc[0]) if loc else "deployment"
+    value = getattr(deploy, name, None)
+    return Reason(ReasonCode.STARTUP_CONTRACT, ((name, str(value)),), rule)

@@ -1,18 +1,21 @@
-"""The runtime gate: picks the highest eligible phase per batch, with every reason for the rest."""
+"""The runtime gate: picks the highest eligible phase per batch, with every reason for the rest.
+
+It decides one ``ScheduledBatch`` at a time from the runtime state it holds: the enabled set,
+the ceiling, the start-up contracts (validated once, here) and the kill switches tripped so
+far. Everything that does not depend on the batch is settled at construction or when a
+switch trips, so a decision costs a few microseconds and formats no text.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.planning.allocation import allocate_batch, pages_for_trace, with_first_page_owners
-from cpkv_core.planning.allocator import PageAllocator
-from cpkv_core.planning.batch import BatchSpec
-from cpkv_core.planning.execution import ExecutionPlan
+from cpkv_core.planning import ExecutionPlan, OwnerPolicy, ScheduledBatch
 from phases.base import Phase, check_startup
 from phases.ids import PhaseId
-from phases.reasons import Reason, ReasonCode
+from phases.reasons import Reason, ReasonCode, ReasonValue
 from phases.registry import REGISTERED_PHASES
 
 
@@ -22,7 +25,12 @@ class PhaseDecision:
 
     phase: PhaseId
     active: bool
-    reasons: tuple[str, ...]
+    reasons: tuple[Reason, ...]
+
+    @property
+    def disabled(self) -> bool:
+        """Off only because its flag is off (reports leave these out)."""
+        return len(self.reasons) == 1 and self.reasons[0].code is ReasonCode.DISABLED
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +44,15 @@ class BatchPlan:
     """One per phase 1..5, in order."""
 
 
+_NEEDS = {pid: Reason(ReasonCode.NEEDS_INACTIVE, (("phase", int(pid)),)) for pid in PhaseId}
+
+
 class Gate:
     """Decides per batch which phases are active.
 
-    A phase is active only if it is enabled, registered, under the ceiling, its start-up
-    contract holds (checked once, here), every phase it needs is active for the batch, and
-    its batch contract holds. Per batch the gate reads host metadata only.
+    A phase is active only if it is enabled, registered, under the ceiling, not killed, its
+    start-up contract holds, every phase it needs is active for the batch, and its batch
+    contract holds. Per batch the gate reads the scheduled batch's host metadata only.
     """
 
     def __init__(
@@ -55,52 +66,75 @@ class Gate:
         self.deploy = deploy
         self.ceiling = ceiling
         self.registry = registry
-        self.startup: dict[PhaseId, list[Reason]] = {
-            pid: check_startup(phase, deploy) for pid, phase in registry.items()
-        }
         self.baseline = ExecutionPlan.baseline(deploy.cp_mode)
+        self.killed: dict[PhaseId, Reason] = {}
+        self._plans: dict[tuple[PhaseId, ...], ExecutionPlan] = {}
+        """The plan of each active set seen so far: at most 2**5, built once."""
+        self._static = {pid: self._static_reasons(pid) for pid in PhaseId}
 
-    def plan(self, batch: BatchSpec) -> BatchPlan:
+    def decide(self, batch: ScheduledBatch) -> BatchPlan:
         """The ``BatchPlan`` of ``batch``."""
-        active: set[PhaseId] = set()
+        active: list[PhaseId] = []
         decisions = []
-        plan = self.baseline
         for pid in PhaseId:
-            reasons = self._reasons(pid, batch, active)
+            static, phase = self._static[pid], self.registry.get(pid)
+            if phase is None or (static and static[0].code is ReasonCode.DISABLED):
+                decisions.append(PhaseDecision(pid, False, static))
+                continue
+            reasons = [*static, *(_NEEDS[n] for n in phase.needs if n not in active)]
+            reasons += phase.check_batch(batch, self.deploy)
             if not reasons:
-                active.add(pid)
-                plan = self.registry[pid].contribute(plan)
-            decisions.append(PhaseDecision(pid, not reasons, tuple(str(r) for r in reasons)))
-        return BatchPlan(int(max(active, default=0)), plan, tuple(decisions))
+                active.append(pid)
+            decisions.append(PhaseDecision(pid, not reasons, tuple(reasons)))
+        key = tuple(active)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan_of(key)
+        return BatchPlan(int(active[-1]) if active else 0, plan, tuple(decisions))
 
-    def _reasons(self, pid: PhaseId, batch: BatchSpec, active: set[PhaseId]) -> list[Reason]:
-        phase = self.registry.get(pid)
+    def _plan_of(self, active: tuple[PhaseId, ...]) -> ExecutionPlan:
+        """The baseline with every active phase's strategies, in phase order."""
+        plan = self.baseline
+        for pid in active:
+            plan = self.registry[pid].contribute(plan)
+        return plan
+
+    def owner_policy(self) -> OwnerPolicy:
+        """How the scheduler should allocate the next batch: by compute owner when phase 5
+        could be active for it (nothing but the batch itself stands in its way)."""
+        chain = (PhaseId.COMPUTE_OWNER_WRITE, PhaseId.PAGE_ALIGNED_SPLIT, PhaseId.SHARDED_KV)
+        if all(pid in self.registry and not self._static[pid] for pid in chain):
+            return OwnerPolicy.COMPUTE_OWNER
+        return OwnerPolicy.DEALT
+
+    def kill(self, phase: PhaseId, values: tuple[tuple[str, ReasonValue], ...]) -> None:
+        """Trips ``phase``'s kill switch: it is inactive for every later batch, with a
+        ``KILLED`` reason carrying ``values`` (e.g. the batch that tripped it)."""
+        self.killed[phase] = Reason(ReasonCode.KILLED, values)
+        self._static[phase] = self._static_reasons(phase)
+
+    def _static_reasons(self, pid: PhaseId) -> tuple[Reason, ...]:
+        """The reasons that do not depend on the batch."""
         if pid not in self.enabled:
-            return [Reason(ReasonCode.DISABLED)]
+            return (Reason(ReasonCode.DISABLED),)
+        phase = self.registry.get(pid)
         if phase is None:
-            return [Reason(ReasonCode.UNAVAILABLE)]
-        reasons = list(self.startup[pid])
+            return (Reason(ReasonCode.UNAVAILABLE),)
+        reasons = check_startup(phase, self.deploy)
         if self.ceiling is not None and pid > self.ceiling:
-            reasons.append(Reason(ReasonCode.CEILING, f"max_phase={self.ceiling}"))
-        reasons += [
-            Reason(ReasonCode.NEEDS_INACTIVE, f"phase={int(need)}")
-            for need in phase.needs
-            if need not in active
-        ]
-        return reasons + phase.check_batch(batch, self.deploy)
+            reasons.append(Reason(ReasonCode.CEILING, (("max_phase", self.ceiling),)))
+        if pid in self.killed:
+            reasons.append(self.killed[pid])
+        return tuple(reasons)
 
 
 def startup_problems(
     enabled: frozenset[PhaseId],
     deploy: DeploymentConfig,
     registry: Mapping[PhaseId, Phase] = REGISTERED_PHASES,
-) -> dict[PhaseId, list[str]]:
+) -> dict[PhaseId, list[Reason]]:
     """Start-up contract failures of the enabled phases (validated once, here)."""
-    return {
-        pid: [str(r) for r in check_startup(registry[pid], deploy)]
-        for pid in sorted(enabled)
-        if pid in registry
-    }
+    return {pid: check_startup(registry[pid], deploy) for pid in sorted(enabled) if pid in registry}
 
 
 def levels_of(enabled: frozenset[PhaseId]) -> tuple[int, ...]:
@@ -108,30 +142,6 @@ def levels_of(enabled: frozenset[PhaseId]) -> tuple[int, ...]:
     return tuple(range(max(enabled, default=0) + 1))
 
 
-def level_plans(
-    level: int,
-    enabled: frozenset[PhaseId],
-    deploy: DeploymentConfig,
-    batches: Sequence[BatchSpec],
-    ceiling: int | None = None,
-) -> tuple[BatchPlan, ...]:
-    """The gate's plans for ``batches`` at ``level``: the enabled phases up to ``level``."""
-    return plan_trace(Gate(frozenset(p for p in enabled if p <= level), deploy, ceiling), batches)
-
-
-def plan_trace(gate: Gate, batches: Sequence[BatchSpec]) -> tuple[BatchPlan, ...]:
-    """The gate's plan for every batch of a trace, as a scheduler would make them.
-
-    A host-only allocator follows the trace with the same policy as the ranks
-    (``allocate_batch``), so each batch reaches the gate with the owner of the page it
-    resumes in (``first_page_owner``), which phase 5's batch contract reads. No tensor.
-    """
-    deploy = gate.deploy
-    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
-    allocator = PageAllocator(num_pages, deploy.page_size, num_owners=deploy.cp_size)
-    plans = []
-    for batch in batches:
-        plan = gate.plan(with_first_page_owners(batch, allocator))
-        allocate_batch(allocator, batch, plan.plan)
-        plans.append(plan)
-    return tuple(plans)
+def level_enabled(level: int, enabled: frozenset[PhaseId]) -> frozenset[PhaseId]:
+    """The enabled phases a run at ``level`` hands its gate: those up to ``level``."""
+    return frozenset(p for p in enabled if p <= level)

@@ -9,25 +9,29 @@ computed, so the tail moves ``cp_size x bs x hidden``. Batches that need every h
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from cpkv_core.config import CpMode, DeploymentConfig
-from cpkv_core.planning.batch import BatchSpec
-from cpkv_core.planning.execution import ExecutionPlan, OutputStrategy
+from cpkv_core.planning import ExecutionPlan, OutputStrategy, ScheduledBatch
+from phases.base import StartupContract
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode
 
 
-class NarrowOutputStartup(BaseModel):
+class NarrowOutputStartup(StartupContract):
     """Phase 1 works with any CP deployment: both split modes know each last token's rank."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     cp_size: int = Field(ge=1)
     """CP ranks; 1 still narrows (``bs x hidden`` instead of ``num_tokens x hidden``)."""
     cp_mode: CpMode
     """Either split mode: zigzag (owner of the last non-empty segment) or round-robin."""
+
+    @classmethod
+    def from_deployment(cls, deploy: DeploymentConfig) -> Self:
+        """See ``StartupContract.from_deployment``."""
+        return cls(cp_size=deploy.cp_size, cp_mode=deploy.cp_mode)
 
 
 class NarrowOutput:
@@ -35,19 +39,19 @@ class NarrowOutput:
 
     id: PhaseId = PhaseId.NARROW_OUTPUT
     needs: tuple[PhaseId, ...] = ()
-    startup_contract: type[BaseModel] = NarrowOutputStartup
+    startup_contract: ClassVar[type[StartupContract]] = NarrowOutputStartup
     summary: str = "gather only each request's last-token hidden state at the tail"
 
-    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
+    def check_batch(self, batch: ScheduledBatch, deploy: DeploymentConfig) -> list[Reason]:
         """Refuses batches that need every token's hidden state."""
         reasons = []
         if batch.spec is not None:
-            reasons.append(Reason(ReasonCode.SPEC_DECODE, f"spec={batch.spec}"))
+            reasons.append(Reason(ReasonCode.SPEC_DECODE, (("spec", batch.spec),)))
         for req in batch.requests:
             if req.return_logprob:
-                reasons.append(Reason(ReasonCode.RETURN_LOGPROB, f"rid={req.rid}"))
+                reasons.append(Reason(ReasonCode.RETURN_LOGPROB, (("rid", req.rid),)))
             if req.capture_hidden:
-                reasons.append(Reason(ReasonCode.CAPTURE_HIDDEN, f"rid={req.rid}"))
+                reasons.append(Reason(ReasonCode.CAPTURE_HIDDEN, (("rid", req.rid),)))
         return reasons
 
     def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:

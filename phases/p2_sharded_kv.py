@@ -11,26 +11,30 @@ the layout is on, KV at rest is sharded.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import ClassVar, Literal, Self
 
 from cpkv_core.config import DeploymentConfig, TransferBackend
-from cpkv_core.planning.batch import BatchSpec
-from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy, KvWriteStrategy
+from cpkv_core.planning import ExecutionPlan, KvReadStrategy, KvWriteStrategy, ScheduledBatch
+from phases.base import StartupContract
 from phases.ids import PhaseId
 from phases.reasons import Reason
 
 
-class ShardedKVStartup(BaseModel):
+class ShardedKVStartup(StartupContract):
     """Sharded KV needs a decode side that can rebuild the full layout from owned pages."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     pd_backend: Literal[TransferBackend.MOONCAKE] | None
     """needs Mooncake (owned-page transfer with logical positions) or no PD"""
     decode_cp_size: Literal[1]
     """needs a non-CP decode server (1): it rebuilds the full layout from owned pages"""
+
+    @classmethod
+    def from_deployment(cls, deploy: DeploymentConfig) -> Self:
+        """See ``StartupContract.from_deployment``."""
+        # NOTE: validated, not constructed: the fields are Literal rules a value may break.
+        return cls.model_validate(
+            {"pd_backend": deploy.pd_backend, "decode_cp_size": deploy.decode_cp_size}
+        )
 
 
 class ShardedKV:
@@ -38,10 +42,10 @@ class ShardedKV:
 
     id: PhaseId = PhaseId.SHARDED_KV
     needs: tuple[PhaseId, ...] = ()
-    startup_contract: type[BaseModel] = ShardedKVStartup
+    startup_contract: ClassVar[type[StartupContract]] = ShardedKVStartup
     summary: str = "shard MLA KV and index K/scale by page owner; read through a full view"
 
-    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
+    def check_batch(self, batch: ScheduledBatch, deploy: DeploymentConfig) -> list[Reason]:
         """Never refuses a batch: KV at rest is sharded once the layout is on."""
         return []
 

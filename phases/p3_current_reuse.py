@@ -9,20 +9,17 @@ built. Batches with any history keep phase 2's materialized reads.
 from __future__ import annotations
 
 import dataclasses
-
-from pydantic import BaseModel, ConfigDict
+from typing import ClassVar
 
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.planning.batch import BatchSpec
-from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy
+from cpkv_core.planning import ExecutionPlan, KvReadStrategy, ScheduledBatch
+from phases.base import StartupContract
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode
 
 
-class CurrentReuseStartup(BaseModel):
+class CurrentReuseStartup(StartupContract):
     """Current reuse adds no start-up condition to phase 2's: any split, any page size."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class CurrentReuse:
@@ -30,13 +27,15 @@ class CurrentReuse:
 
     id: PhaseId = PhaseId.CURRENT_REUSE
     needs: tuple[PhaseId, ...] = (PhaseId.SHARDED_KV,)
-    startup_contract: type[BaseModel] = CurrentReuseStartup
+    startup_contract: ClassVar[type[StartupContract]] = CurrentReuseStartup
     summary: str = "current-only batches read the gathered chunk and skip materialization"
 
-    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
+    def check_batch(self, batch: ScheduledBatch, deploy: DeploymentConfig) -> list[Reason]:
         """Refuses every request that has history, with its prefix length."""
+        if not batch.has_history:
+            return []
         return [
-            Reason(ReasonCode.HAS_HISTORY, f"rid={req.rid} prefix_len={req.prefix_len}")
+            Reason(ReasonCode.HAS_HISTORY, (("rid", req.rid), ("prefix_len", req.prefix_len)))
             for req in batch.requests
             if req.prefix_len > 0
         ]

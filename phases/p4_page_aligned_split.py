@@ -11,34 +11,36 @@ token-balanced split (``SHORT_REQUEST``); the split is one per batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import ClassVar, Literal, Self
 
 from cpkv_core.config import CpMode, DeploymentConfig
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
-from cpkv_core.planning.execution import ExecutionPlan, SplitStrategy
-from cpkv_core.planning.split_page_aligned import request_pages
+from cpkv_core.planning import ExecutionPlan, ScheduledBatch, SplitStrategy, is_short_page_count
+from phases.base import StartupContract
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode
 
 
-class PageAlignedSplitStartup(BaseModel):
+class PageAlignedSplitStartup(StartupContract):
     """Page alignment cuts zigzag segments; round-robin has no segments to align."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     cp_mode: Literal[CpMode.IN_SEQ_SPLIT]
     """needs in-seq-split (zigzag): round-robin has no segments to align"""
 
+    @classmethod
+    def from_deployment(cls, deploy: DeploymentConfig) -> Self:
+        """See ``StartupContract.from_deployment``."""
+        return cls.model_validate({"cp_mode": deploy.cp_mode})
 
-def short_request_reason(
-    req: RequestSpec, deploy: DeploymentConfig, code: ReasonCode
-) -> Reason | None:
-    """``code rid=.. pages=.. need=..`` when ``req`` spans fewer than ``2 * cp_size`` pages."""
-    pages = request_pages(req.prefix_len, req.extend_len, deploy.page_size)
-    need = 2 * deploy.cp_size
-    return Reason(code, f"rid={req.rid} pages={pages} need={need}") if 0 < pages < need else None
+
+def short_request_reasons(batch: ScheduledBatch, code: ReasonCode) -> list[Reason]:
+    """``code rid=.. pages=.. need=..`` for every request too short for the page-aligned
+    split (the rule is ``split_page_aligned.is_short_page_count``)."""
+    need = 2 * batch.cp_size
+    return [
+        Reason(code, (("rid", req.rid), ("pages", pages), ("need", need)))
+        for req, pages in zip(batch.requests, batch.current_pages, strict=True)
+        if is_short_page_count(pages, batch.cp_size)
+    ]
 
 
 class PageAlignedSplit:
@@ -46,15 +48,12 @@ class PageAlignedSplit:
 
     id: PhaseId = PhaseId.PAGE_ALIGNED_SPLIT
     needs: tuple[PhaseId, ...] = (PhaseId.SHARDED_KV,)
-    startup_contract: type[BaseModel] = PageAlignedSplitStartup
+    startup_contract: ClassVar[type[StartupContract]] = PageAlignedSplitStartup
     summary: str = "cut the zigzag split at page boundaries: one compute owner per page"
 
-    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
+    def check_batch(self, batch: ScheduledBatch, deploy: DeploymentConfig) -> list[Reason]:
         """Refuses batches with short requests, naming each."""
-        reasons = (
-            short_request_reason(r, deploy, ReasonCode.SHORT_REQUEST) for r in batch.requests
-        )
-        return [reason for reason in reasons if reason is not None]
+        return short_request_reasons(batch, ReasonCode.SHORT_REQUEST)
 
     def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:
         """Swaps the token-balanced zigzag for the page-aligned one."""

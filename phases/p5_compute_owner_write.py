@@ -1,52 +1,59 @@
 """Phase 5, compute-owner direct write: each rank writes its own KV into its own pool.
 
-New pages are allocated to the rank that computes them (owner-aware allocation under
-``owner = page % cp_size``: the allocator takes each page from that owner's free list), so
+New pages are allocated to the rank that computes them (the scheduler's compute-owner
+policy under ``owner = page % cp_size``: it takes each page from that owner's free list), so
 every rank writes the latent KV and index K/scale it computed straight into its pool. The
 current chunk is all-gathered only when a read needs it (current reuse); history batches
 materialize every page, the current ones included, from their owners.
 
 A batch falls back to phase 4's gathered, owner-filtered write when its split is not
-page-aligned (``NOT_PAGE_ALIGNED``) or when a page it writes is owned by another rank than
-its compute owner (``OWNER_MISMATCH``): the classic case is a chunk resuming mid-page in a
-page an earlier chunk left on another rank.
+page-aligned (``NOT_PAGE_ALIGNED``), when a page it writes is owned by another rank than its
+compute owner (``OWNER_MISMATCH``: the classic case is a chunk resuming mid-page in a page
+an earlier chunk left on another rank), or when its pages were dealt
+(``NOT_OWNER_ALLOCATED``: compute-owner allocation was off when it was scheduled).
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-from pydantic import BaseModel, ConfigDict
+from typing import ClassVar
 
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
-from cpkv_core.planning.execution import ExecutionPlan, KvWriteStrategy
-from cpkv_core.planning.split_page_aligned import compute_owner_of_pages
+from cpkv_core.planning import (
+    NO_OWNER,
+    ExecutionPlan,
+    KvWriteStrategy,
+    ScheduledBatch,
+    ScheduledRequest,
+    compute_owner_of_pages,
+    is_short_page_count,
+)
+from phases.base import StartupContract
 from phases.ids import PhaseId
-from phases.p4_page_aligned_split import short_request_reason
 from phases.reasons import Reason, ReasonCode
 
 
-class ComputeOwnerWriteStartup(BaseModel):
+class ComputeOwnerWriteStartup(StartupContract):
     """Direct writes add no start-up condition to phase 4's (in-seq split, sharded KV)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
-
-def owner_mismatch_reason(req: RequestSpec, deploy: DeploymentConfig) -> Reason | None:
+def _owner_mismatch(req: ScheduledRequest, batch: ScheduledBatch) -> Reason | None:
     """A chunk resuming mid-page must resume in a page its first block's rank owns."""
-    if req.prefix_len % deploy.page_size == 0:
+    if req.resume_page_owner == NO_OWNER:
         return None
     compute_owner = compute_owner_of_pages(
-        [req.extend_len], [req.prefix_len], deploy.cp_size, deploy.page_size
+        [req.extend_len], [req.prefix_len], batch.cp_size, batch.page_size
     )[0][0]
-    if req.first_page_owner == compute_owner:
+    if req.resume_page_owner == compute_owner:
         return None
-    owner = "unknown" if req.first_page_owner is None else req.first_page_owner
-    page = req.prefix_len // deploy.page_size
     return Reason(
         ReasonCode.OWNER_MISMATCH,
-        f"rid={req.rid} page={page} owner={owner} compute_owner={compute_owner}",
+        (
+            ("rid", req.rid),
+            ("page", req.prefix_len // batch.page_size),
+            ("owner", req.resume_page_owner),
+            ("compute_owner", compute_owner),
+        ),
     )
 
 
@@ -55,19 +62,25 @@ class ComputeOwnerWrite:
 
     id: PhaseId = PhaseId.COMPUTE_OWNER_WRITE
     needs: tuple[PhaseId, ...] = (PhaseId.PAGE_ALIGNED_SPLIT,)
-    startup_contract: type[BaseModel] = ComputeOwnerWriteStartup
+    startup_contract: ClassVar[type[StartupContract]] = ComputeOwnerWriteStartup
     summary: str = "each rank writes the KV it computed into its own pool, no gather"
 
-    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
-        """Refuses batches that are not page-aligned or write a foreign page."""
-        reasons = []
-        for req in batch.requests:
-            reason = short_request_reason(req, deploy, ReasonCode.NOT_PAGE_ALIGNED)
-            if reason is None:
-                reason = owner_mismatch_reason(req, deploy)
-            if reason is not None:
-                reasons.append(reason)
-        return reasons
+    def check_batch(self, batch: ScheduledBatch, deploy: DeploymentConfig) -> list[Reason]:
+        """Refuses batches that are not page-aligned, write a foreign page, or were dealt."""
+        if batch.on_compute_owners:
+            return []
+        need = 2 * batch.cp_size
+        reasons = [
+            Reason(
+                ReasonCode.NOT_PAGE_ALIGNED, (("rid", req.rid), ("pages", pages), ("need", need))
+            )
+            for req, pages in zip(batch.requests, batch.current_pages, strict=True)
+            if is_short_page_count(pages, batch.cp_size)
+        ]
+        if reasons:
+            return reasons
+        reasons = [r for r in (_owner_mismatch(req, batch) for req in batch.requests) if r]
+        return reasons or [Reason(ReasonCode.NOT_OWNER_ALLOCATED)]
 
     def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:
         """Direct writes from each rank's own projections."""

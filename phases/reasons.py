@@ -33,14 +33,34 @@ class ReasonCode(StrEnum):
     """Enabled, but this build has no mechanics for the phase yet."""
     OWNER_MISMATCH = "OWNER_MISMATCH"
     """Phase 5: a page the batch writes is owned by another rank than its compute owner."""
+    KILLED = "KILLED"
+    """Its kill switch tripped at runtime (a shadow mismatch or an operator's switch)."""
+    NOT_OWNER_ALLOCATED = "NOT_OWNER_ALLOCATED"
+    """Phase 5: the scheduler dealt the batch's pages (compute-owner allocation was off)."""
+
+
+ReasonValue = int | str
+"""A value that decided a reason: a count, a rid, a phase number, a setting."""
 
 
 @dataclass(frozen=True, slots=True)
 class Reason:
-    """A reason code and the values that decided it, e.g. ``SHORT_REQUEST rid=b pages=2 need=6``."""
+    """A reason code and the values that decided it; text is made only when rendered.
+
+    ``str(Reason(SHORT_REQUEST, (("rid", "b"), ("pages", 2), ("need", 6))))`` is
+    ``SHORT_REQUEST rid=b pages=2 need=6``.
+    """
 
     code: ReasonCode
-    detail: str = ""
+    values: tuple[tuple[str, ReasonValue], ...] = ()
+    rule: str = ""
+    """The rule broken, for start-up contracts (the contract field's documented rule)."""
 
     def __str__(self) -> str:
-        return f"{self.code} {self.detail}" if self.detail else str(self.code)
+        parts = [str(self.code), *(f"{k}={v}" for k, v in self.values)]
+        text = " ".join(parts)
+        return f"{text}: {self.rule}" if self.rule else text
+
+    def to_json(self) -> dict[str, object]:
+        """``{"code", "values", "text"}``."""
+        return {"code": str(self.code), "values": dict(self.values), "text": str(self)}

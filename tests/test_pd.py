@@ -133,12 +133,12 @@ def test_failed_attempt_pages_stay_quarantined_until_every_sender_settled() -> N
     attempt can never land in pages a retry or another request holds."""
     server = DecodeServer(TINY, 4, make_deploy().index_k_dtype, 64, 5.0, b"k")
     try:
-        first = server._on_alloc(Alloc("r", 0, 10, tuple(range(10)), 3, senders=2))
+        first = server._on_alloc(Alloc("r", 0, 10, 3, senders=2))
         assert isinstance(first, AllocReply)
         free_before = server.model.allocator.num_free_pages
         server._on_fail(Fail("r", 0, 0, "write rejected"))
         assert server.model.allocator.num_free_pages == free_before  # rank 1 may still write
-        retry = server._on_alloc(Alloc("r", 1, 10, tuple(range(10)), 3, senders=2))
+        retry = server._on_alloc(Alloc("r", 1, 10, 3, senders=2))
         assert isinstance(retry, AllocReply)
         assert set(retry.page_table).isdisjoint(first.page_table)
         verdict = server._on_await(Await("r", 0, 1))  # rank 1 is done with attempt 0

@@ -116,6 +116,13 @@ class Communicator(Protocol):
         """
         ...
 
+    def broadcast_object(self, obj: object) -> object:
+        """Rank 0's picklable ``obj`` on every rank (other ranks pass anything, e.g. None).
+
+        Not counted in ``stats``: it carries host metadata (a scheduled batch), not KV.
+        """
+        ...
+
 
 def record_all_gather(stats: CommStats, tag: str, tensor: Tensor, world_size: int) -> None:
     contributed = tensor.numel() * tensor.element_size()
@@ -184,6 +191,13 @@ class TorchDistCommunicator:
         out: list[object] | None = [None] * self.world_size if self.rank == 0 else None
         dist.gather_object(obj, out, dst=dst, group=self.group)
         return out
+
+    def broadcast_object(self, obj: object) -> object:
+        """See ``Communicator.broadcast_object``."""
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
 
 
 def new_group_communicator(ranks: Sequence[int]) -> TorchDistCommunicator | None:

@@ -89,6 +89,10 @@ class LocalCommunicator:
         gathered = self.group.exchange(self.rank, obj)
         return gathered if self.rank == 0 else None
 
+    def broadcast_object(self, obj: object) -> object:
+        """See ``Communicator.broadcast_object``."""
+        return self.group.exchange(self.rank, obj)[0]
+
 
 def run_local(
     world_size: int, fn: Callable[[Communicator], T], timeout_s: float | None = 120.0

@@ -40,7 +40,7 @@ from cpkv_core.pd.protocol import (
     Verdict,
 )
 from cpkv_core.pd.transport import Transport
-from cpkv_core.planning.batch import RequestSpec
+from cpkv_core.planning import BatchSpec, RequestSpec, ScheduledRequest, Scheduler
 from cpkv_core.runtime.reference import ReferenceModel
 
 
@@ -106,6 +106,8 @@ class DecodeServer:
             arrives (a decode server killed mid-transfer).
         """
         self.model = ReferenceModel(cfg, num_pages, page_size, index_k_dtype)
+        self.scheduler = Scheduler(num_pages, page_size)
+        """The decode server's own scheduler: it is a separate, non-CP server."""
         self.timeout_s = timeout_s
         self.die_on_done_of = die_on_done_of
         self.transport = Transport()
@@ -185,16 +187,15 @@ class DecodeServer:
                 self._await_verdict(current)
             if current is not None and current.state is not AttemptState.FAILED:
                 return ErrorReply(f"{msg.rid} is {current.state}; only a failed request is retried")
-            allocator = self.model.allocator
             key = Attempt(msg.rid, msg.attempt, 0, 0, 0, 0, 0.0).key
-            allocator.allocate(RequestSpec(key, 0, msg.seq_len))
+            self.scheduler.schedule(BatchSpec(0, (RequestSpec(key, 0, msg.seq_len),)))
             attempt = Attempt(
                 msg.rid,
                 msg.attempt,
                 msg.seq_len,
                 msg.next_token,
                 msg.senders,
-                len(allocator.page_table(key)),
+                len(self.scheduler.page_table(key)),
                 time.monotonic() + self.timeout_s,
             )
             self.attempts[msg.rid] = attempt
@@ -213,7 +214,7 @@ class DecodeServer:
             attempt.rid,
             attempt.attempt,
             self.transport.session,
-            self.model.allocator.page_table(attempt.key),
+            tuple(self.scheduler.page_table(attempt.key).tolist()),
             targets,
         )
 
@@ -239,7 +240,7 @@ class DecodeServer:
         """Frees a failed attempt's pages once no sender can write into them any more."""
         settled = attempt.settled >= set(range(attempt.senders))
         if attempt.state is AttemptState.FAILED and not attempt.released and settled:
-            self.model.allocator.release(attempt.key)
+            self.scheduler.release(attempt.key)
             attempt.released = True
 
     def _on_fail(self, msg: Fail) -> Verdict:
@@ -302,30 +303,37 @@ class DecodeServer:
     def _on_report(self, _: Report) -> ReportReply:
         with self.cond:
             reports = [self._report(attempt) for attempt in self.attempts.values()]
-            return ReportReply(tuple(reports), self.model.allocator.num_free_pages)
+            return ReportReply(tuple(reports), self.scheduler.allocator.num_free_pages)
 
     def _report(self, attempt: Attempt) -> RequestReport:
         history = "; ".join(self.history.get(attempt.rid, []))
-        allocator = self.model.allocator
-        pages = len(allocator.page_table(attempt.key)) if attempt.key in allocator else 0
+        scheduler = self.scheduler
+        pages = len(scheduler.page_table(attempt.key)) if attempt.key in scheduler else 0
         if attempt.state is not AttemptState.READY:
             state = history or f"attempt {attempt.attempt} {attempt.state}"
             return RequestReport(attempt.rid, False, state, pages)
-        locs = torch.tensor(allocator.req_to_token(attempt.key)[: attempt.seq_len])
-        kv = [self.model.pool.read(layer, locs) for layer in range(len(self.model.pool.layers))]
-        rows = [(k.latent, k.index_k.view(torch.uint8), k.index_k_scale) for k in kv]
         if attempt.rid not in self.decoded:
             step = RequestSpec(attempt.key, attempt.seq_len, 1)
-            out = self.model.run_request(step, [attempt.next_token])
+            (scheduled,) = scheduler.schedule(BatchSpec(0, (step,))).requests
+            out = self.model.run_request(scheduled, [attempt.next_token])
             self.decoded[attempt.rid] = (out.last_hidden, out.logits)
+        request = _request_view(scheduler, attempt.key)
+        locs = self.model.locs(request, 0, attempt.seq_len)
+        kv = [self.model.pool.read(layer, locs) for layer in range(len(self.model.pool.layers))]
+        rows = [(k.latent, k.index_k.view(torch.uint8), k.index_k_scale) for k in kv]
         return RequestReport(
             attempt.rid,
             True,
             history,
-            len(self.model.allocator.page_table(attempt.key)),
+            len(scheduler.page_table(attempt.key)),
             tensor_bytes(rows),
             tensor_bytes(self.decoded[attempt.rid]),
         )
+
+
+def _request_view(scheduler: Scheduler, rid: str) -> ScheduledRequest:
+    """A scheduled-request view of what ``rid`` holds (its page table, for reads)."""
+    return ScheduledRequest(rid, 0, scheduler.seq_len(rid), scheduler.page_table(rid), 0)
 
 
 def serve_decode(

@@ -18,7 +18,7 @@ from cpkv_core.pd.pack import runs_for_rank
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Verdict
 from cpkv_core.pd.transport import TransferError, Transport, Write
 from cpkv_core.planning.execution import KvLayout
-from cpkv_core.planning.tokens import token_id
+from cpkv_core.planning.tokens import token_ids
 from cpkv_core.runtime.engine import CPEngine
 
 BAD_ADDRESS_OFFSET = 1 << 40
@@ -78,12 +78,12 @@ def process_transport() -> Transport:
 def _writes(
     engine: CPEngine, reply: AllocReply, rid: str, rank: int, bad: bool
 ) -> tuple[list[Write], tuple[int, ...]]:
-    allocator = engine.allocator
+    req = engine.requests[rid]
     runs = runs_for_rank(
-        allocator.page_table(rid),
+        req.page_table.tolist(),
         reply.page_table,
-        allocator.seq_len(rid),
-        allocator.page_size,
+        req.seq_len,
+        engine.deploy.page_size,
         engine.deploy.cp_size,
         rank,
         engine.kv_layout is KvLayout.SHARDED,
@@ -121,11 +121,9 @@ def _start_attempt(
     rank = engine.comm.rank
     remote = target.rid_prefix + rid
     faults = target.faults if attempt == 0 else PdFaults()
-    tokens = tuple(engine.ledger.tokens(rid))
-    next_token = token_id(rid, len(tokens), engine.cfg.vocab_size)
-    reply = _call(
-        conn, Alloc(remote, attempt, len(tokens), tokens, next_token, engine.deploy.cp_size)
-    )
+    req = engine.requests[rid]
+    next_token = token_ids(req.rid_key, req.seq_len, engine.cfg.vocab_size)
+    reply = _call(conn, Alloc(remote, attempt, req.seq_len, next_token, engine.deploy.cp_size))
     if not isinstance(reply, AllocReply):
         return 0, 0.0, f"decode refused pages: {reply}"
     writes, positions = _writes(engine, reply, rid, rank, faults.fail == (rid, rank))
@@ -180,7 +178,7 @@ def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> li
                     verdict = _call(conn, Await(target.rid_prefix + rid, attempt, rank))
                     assert isinstance(verdict, Verdict), verdict
                     if verdict.ready:
-                        engine.allocator.release(rid)  # page reuse waits for the ack
+                        engine.forget(rid)  # page reuse waits for the ack
                         ready.add(rid)
                     else:
                         errors[rid].append(

@@ -20,7 +20,6 @@ class Alloc:
     rid: str
     attempt: int
     seq_len: int
-    token_ids: tuple[int, ...]
     next_token: int
     """The first decode token, which prefill sends along with the KV."""
     senders: int

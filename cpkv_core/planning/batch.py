@@ -20,10 +20,6 @@ class RequestSpec:
     prefix_from: str | None = None
     return_logprob: bool = False
     capture_hidden: bool = False
-    first_page_owner: int | None = None
-    """Owner of the partly filled page this chunk resumes in (``prefix_len`` not a multiple
-    of ``page_size``), from the scheduler's page table; None when the chunk starts on a page
-    boundary or the owner is not known."""
 
     @property
     def seq_len(self) -> int:

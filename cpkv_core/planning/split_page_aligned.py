@@ -34,10 +34,12 @@ from cpkv_core.planning.split import Segment, SplitMetadata, zigzag_block_sizes
 __all__ = [
     "build_page_aligned_zigzag_split",
     "compute_owner_of_pages",
+    "is_short_page_count",
     "is_short_request",
     "local_pair_lengths",
     "page_aligned_block_sizes",
     "request_pages",
+    "short_requests",
 ]
 
 
@@ -77,16 +79,31 @@ def request_pages(prefix_len: int, extend_len: int, page_size: int) -> int:
     return -(-(prefix_len + extend_len) // page_size) - prefix_len // page_size
 
 
-def is_short_request(prefix_len: int, extend_len: int, cp_size: int, page_size: int) -> bool:
-    """True when a request spans fewer than ``2 * cp_size`` pages and so keeps the
-    token-balanced split.
+def is_short_page_count(pages: int, cp_size: int) -> bool:
+    """The short-request rule on a page count: ``0 < pages < 2 * cp_size``.
 
     A request with no current tokens is never short: it has no page to own, and refusing
     it would send the whole batch to the token-balanced split for nothing.
     """
-    _check_cp_size(cp_size)
-    pages = request_pages(prefix_len, extend_len, page_size)
     return 0 < pages < 2 * cp_size
+
+
+def is_short_request(prefix_len: int, extend_len: int, cp_size: int, page_size: int) -> bool:
+    """True when a request spans fewer than ``2 * cp_size`` pages and so keeps the
+    token-balanced split (see :func:`is_short_page_count`)."""
+    _check_cp_size(cp_size)
+    return is_short_page_count(request_pages(prefix_len, extend_len, page_size), cp_size)
+
+
+def short_requests(
+    extend_lens: Sequence[int], prefix_lens: Sequence[int], cp_size: int, page_size: int
+) -> tuple[int, ...]:
+    """Indices of the requests too short for the page-aligned split (none: it applies)."""
+    return tuple(
+        i
+        for i, (extend_len, prefix_len) in enumerate(zip(extend_lens, prefix_lens, strict=True))
+        if is_short_request(prefix_len, extend_len, cp_size, page_size)
+    )
 
 
 def _short_request_error(

@@ -1,1 +1,44 @@
-"""The run step: KV pools, KV access, the model, the CP engine and the non-CP reference."""
+"""The run step: KV pools, KV access, the model, the CP engine and the non-CP reference.
+
+Entry point ``CPEngine.run_batch``: a ``ScheduledBatch`` and its strategies in, one rank's
+outputs out; ``ReferenceModel`` computes the same without CP.
+"""
+
+from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
+from cpkv_core.runtime.engine import CPEngine, StepOutput
+from cpkv_core.runtime.kv_access import materialize
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, kv_bytes_per_page, kv_bytes_per_token
+from cpkv_core.runtime.model import ModelWeights, init_weights
+from cpkv_core.runtime.outputs import (
+    OUTPUT_ATOL,
+    BatchComparison,
+    BatchOutput,
+    RankBatchOutput,
+    RequestOutput,
+    compare_batch,
+    merge_rank_outputs,
+)
+from cpkv_core.runtime.reference import ReferenceModel
+
+__all__ = [
+    "OUTPUT_ATOL",
+    "BatchComparison",
+    "BatchOutput",
+    "BatchTensors",
+    "CPEngine",
+    "KVRows",
+    "ModelWeights",
+    "PagedKVPool",
+    "RankBatchOutput",
+    "ReferenceModel",
+    "RequestOutput",
+    "StepOutput",
+    "compare_batch",
+    "expand",
+    "init_weights",
+    "kv_bytes_per_page",
+    "kv_bytes_per_token",
+    "materialize",
+    "merge_rank_outputs",
+    "upload",
+]

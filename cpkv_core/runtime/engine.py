@@ -1,30 +1,39 @@
-"""The CP prefill engine: one rank's execution of a batch under an ``ExecutionPlan``.
+"""The CP prefill engine: one rank's execution of a scheduled batch under an ``ExecutionPlan``.
 
-Per batch: host metadata first (allocation, token ids, split, index tensors; ``prepare``),
-then tensor work per layer: local projections, all-gather of the current KV and index K,
-the KV write, the KV read with top-k and sparse attention for local queries; then the tail
-collects hidden states and every rank computes the last-token outputs.
+Per batch: the host plan (``planning.build_host_plan``, O(pages + requests)), one copy of
+its tables to the device and their expansion there (``device_plan``), then the run step
+(``run_step``): per layer local projections, all-gather of the current KV and index K, the
+KV write, the KV read with top-k and sparse attention for local queries; then the tail
+collects hidden states and every rank computes the last-token outputs. The run step reads
+no device value on the host, so it runs on CPU, CUDA and ``meta`` alike.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.dist.comm import Communicator
-from cpkv_core.planning.allocation import allocate_batch
-from cpkv_core.planning.allocator import PageAllocator
-from cpkv_core.planning.batch import BatchSpec
-from cpkv_core.planning.execution import ExecutionPlan, KvLayout, OutputStrategy
-from cpkv_core.planning.tokens import TokenLedger
-from cpkv_core.runtime.debug_checks import check_batch_layer, check_ownership_partition
-from cpkv_core.runtime.kv_access import key_source, write_current
+from cpkv_core.planning import (
+    ExecutionPlan,
+    HostPlan,
+    KeySource,
+    KvLayout,
+    OutputStrategy,
+    ScheduledBatch,
+    ScheduledRequest,
+    build_host_plan,
+)
+from cpkv_core.runtime.debug_checks import DebugChecks
+from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
+from cpkv_core.runtime.kv_access import key_source, write_rows
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
-from cpkv_core.runtime.layout import BatchLayout, KeySource, build_batch_split, build_layout
 from cpkv_core.runtime.model import (
     ModelWeights,
     Projections,
@@ -38,11 +47,20 @@ from cpkv_core.runtime.model import (
 from cpkv_core.runtime.outputs import RankBatchOutput
 
 
-class CPEngine:
-    """One CP rank: its allocator, its KV pool and the plan executor.
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What the run step computes on this rank, on the run device."""
 
-    Every rank runs the same host-side allocator and sees the same logical locs. The pool
-    layout (replicated or sharded) is fixed at construction; every plan must agree with it.
+    topk: Tensor  # [num_layers, n_local, index_topk] logical key positions
+    last_hidden: Tensor  # [bs, hidden] final-normed, identical on every rank
+    logits: Tensor  # [bs, vocab]
+
+
+class CPEngine:
+    """One CP rank: its KV pool and the plan executor; it allocates nothing.
+
+    Pages come from the scheduler's ``ScheduledBatch``. The pool layout (replicated or
+    sharded) is fixed at construction; every plan must agree with it.
     """
 
     def __init__(
@@ -54,12 +72,14 @@ class CPEngine:
         kv_layout: KvLayout = KvLayout.REPLICATED,
         weights: ModelWeights | None = None,
         debug_checks: bool = False,
+        device: torch.device | str = "cpu",
     ) -> None:
         """Args:
         num_pages: logical pages of the KV address space (a multiple of cp_size is
             best: each owner gets ``ceil(num_pages / cp_size)`` of them).
         kv_layout: replicated (every page on every rank) or sharded (owned pages only).
         debug_checks: run the invariant checks of ``debug_checks``; they synchronise.
+        device: where weights, the pool and every run-step tensor live.
         """
         if comm.world_size != deploy.cp_size:
             raise ValueError(
@@ -69,80 +89,100 @@ class CPEngine:
         self.deploy = deploy
         self.comm = comm
         self.kv_layout = kv_layout
-        self.debug_checks = debug_checks
-        self.weights = weights if weights is not None else init_weights(cfg)
-        self.allocator = PageAllocator(num_pages, deploy.page_size, num_owners=deploy.cp_size)
+        self.device = torch.device(device)
+        self.weights = weights if weights is not None else init_weights(cfg, self.device)
         pool_pages = (
             num_pages if kv_layout is KvLayout.REPLICATED else -(-num_pages // deploy.cp_size)
         )
-        self.pool = PagedKVPool(cfg, pool_pages, deploy.page_size, deploy.index_k_dtype)
-        self.ledger = TokenLedger()
-        self.written_pages: set[int] = set()
-        """Logical pages this rank has stored KV for (tracked only under debug_checks)."""
+        self.pool = PagedKVPool(
+            cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
+        )
+        self.debug = DebugChecks(self) if debug_checks else None
+        self.requests: dict[str, ScheduledRequest] = {}
+        """The latest chunk of every request this rank ran (PD reads its page table)."""
+        self.stored_pages = 0
+        """Pages in use that this rank's pool stores."""
 
-    def prepare(self, batch: BatchSpec, plan: ExecutionPlan) -> BatchLayout:
-        """Allocates the batch's pages and builds its host-side metadata for this rank."""
+    def host_plan(self, batch: ScheduledBatch, plan: ExecutionPlan) -> HostPlan:
+        """The host half of a batch on this rank."""
         if plan.kv_layout is not self.kv_layout:
             raise RuntimeError(
                 f"batch {batch.batch}: plan writes a {plan.kv_layout} layout into a "
                 f"{self.kv_layout} pool, indicates a bug in the gate (KV at rest cannot change)"
             )
-        split = build_batch_split(plan.split, batch, self.deploy.cp_size, self.deploy.page_size)
-        allocate_batch(self.allocator, batch, plan)
-        tokens = [self.ledger.extend(req, self.cfg.vocab_size) for req in batch.requests]
-        return build_layout(batch, plan, split, self.comm.rank, tokens, self.allocator)
+        return build_host_plan(batch, plan, self.comm.rank)
 
-    def run_batch(self, batch: BatchSpec, plan: ExecutionPlan) -> RankBatchOutput:
+    def run_batch(self, batch: ScheduledBatch, plan: ExecutionPlan) -> RankBatchOutput:
         """Runs one batch on this rank; every rank of the group must call it together."""
         start = time.perf_counter()
         before = self._gathered_bytes()
-        layout = self.prepare(batch, plan)
-        hidden = embed(self.weights, layout.local_token_ids, layout.local_positions)
-        topk_per_layer = []
-        for layer_index, layer in enumerate(self.weights.layers):
-            proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
-            own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
-            # NOTE: without a gather only the direct write reads rows, and it reads ``own``.
-            current = self._gather_current(own, layout) if self._needs_current(layout) else own
-            source = own if layout.write.from_local else current
-            write_current(self.pool, layer_index, layout.write, source)
-            keys = key_source(self.comm, self.pool, layer_index, layout.read, current)
-            if self.debug_checks:
-                check_batch_layer(self, batch, layout, current, keys)
-            attn, topk = attend_local(self.cfg, proj, layout, keys)
-            topk_per_layer.append(topk)
-            hidden = finish_layer(layer, hidden, attn)
-        if self.debug_checks:
-            self.written_pages.update(self._pages_of(layout.write.written_locs))
-            check_ownership_partition(self)
-        last_hidden = COLLECTORS[plan.output](self, hidden, layout)
-        normed, logits = lm_head(self.weights, last_hidden)
+        host = self.host_plan(batch, plan)
+        tensors = expand(host, upload(host, self.device), self.cfg.vocab_size)
+        step = self.run_step(host, tensors, batch)
+        self._commit(batch)
+        if self.debug is not None:
+            self.debug.after_batch(batch, tensors)
         after = self._gathered_bytes()
         return RankBatchOutput(
             batch=batch.batch,
             rank=self.comm.rank,
-            local_token_indices=layout.local_token_indices,
-            topk=torch.stack(topk_per_layer),
-            last_hidden=normed,
-            logits=logits,
+            local_token_indices=tensors.local_token_indices,
+            topk=step.topk,
+            last_hidden=step.last_hidden,
+            logits=step.logits,
             gathered_bytes={tag: after[tag] - before.get(tag, 0) for tag in after},
-            kv_bytes=self.pool.bytes_for_pages(self.stored_pages()),
+            kv_bytes=self.pool.bytes_for_pages(self.stored_pages),
             seconds=time.perf_counter() - start,
         )
 
-    def stored_pages(self) -> int:
-        """Pages in use that this rank's pool stores."""
-        if self.kv_layout is KvLayout.REPLICATED:
-            return self.allocator.num_pages_in_use
-        return self.allocator.pages_in_use_by_owner()[self.comm.rank]
+    def run_step(
+        self, host: HostPlan, tensors: BatchTensors, batch: ScheduledBatch | None = None
+    ) -> StepOutput:
+        """The device half: every layer, then the tail. ``batch`` is read by the debug
+        checks only."""
+        hidden = embed(self.weights, tensors.local_token_ids, tensors.local_positions)
+        topk_per_layer = []
+        needs_current = (
+            not host.write_from_local
+            or host.key_source is KeySource.CURRENT
+            or self.debug is not None
+        )
+        for layer_index, layer in enumerate(self.weights.layers):
+            proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
+            own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
+            # NOTE: without a gather only the direct write reads rows, and it reads ``own``.
+            current = self._gather_current(own, host, tensors) if needs_current else own
+            source = own if host.write_from_local else current
+            write_rows(self.pool, layer_index, source, tensors.write_source, tensors.write_dest)
+            keys = key_source(
+                self.comm, self.pool, layer_index, host.key_source, tensors.send_rows, current
+            )
+            if self.debug is not None and batch is not None:
+                self.debug.check_layer(batch, host, tensors, current, keys)
+            attn, topk = attend_local(self.cfg, proj, host, tensors, keys)
+            topk_per_layer.append(topk)
+            hidden = finish_layer(layer, hidden, attn)
+        last_hidden = COLLECTORS[host.strategies.output](self, hidden, host, tensors)
+        normed, logits = lm_head(self.weights, last_hidden)
+        return StepOutput(torch.stack(topk_per_layer), normed, logits)
 
-    def _pages_of(self, locs: Tensor) -> set[int]:
-        return set((locs // self.deploy.page_size).tolist())
+    def _commit(self, batch: ScheduledBatch) -> None:
+        self.requests.update((r.rid, r) for r in batch.requests)
+        new_pages = batch.new_pages
+        if self.kv_layout is KvLayout.SHARDED:
+            new_pages = new_pages[new_pages % self.deploy.cp_size == self.comm.rank]
+        self.stored_pages += int(np.size(new_pages))
+
+    def forget(self, rid: str) -> None:
+        """Drops ``rid`` once its KV left this rank (PD, after the decode side's ack)."""
+        del self.requests[rid]
 
     def _gathered_bytes(self) -> dict[str, int]:
         return {tag: s.bytes_gathered for tag, s in self.comm.stats.by_tag.items()}
 
-    def all_gather_tokens(self, local: Tensor, layout: BatchLayout, tag: str) -> Tensor:
+    def all_gather_tokens(
+        self, local: Tensor, host: HostPlan, tensors: BatchTensors, tag: str
+    ) -> Tensor:
         """All-gathers per-token rows into batch order.
 
         Args:
@@ -151,65 +191,69 @@ class CPEngine:
         Returns:
             ``[num_tokens, ...]`` every rank's rows, in batch order.
         """
-        pad_rows = layout.split.max_local - local.shape[0]
+        pad_rows = host.max_local - host.num_local
         if pad_rows:
             local = torch.cat([local, local.new_zeros((pad_rows, *local.shape[1:]))])
         stacked = self.comm.all_gather(local, tag)  # [cp_size, max_local, ...]
-        return stacked.flatten(0, 1)[layout.gather_index]
+        return stacked.flatten(0, 1).index_select(0, tensors.gather_index)
 
-    def _needs_current(self, layout: BatchLayout) -> bool:
-        """The chunk is all-gathered when the write or the read needs it, or for checks."""
-        return (
-            not layout.write.from_local
-            or layout.read.source is KeySource.CURRENT
-            or self.debug_checks
-        )
-
-    def _gather_current(self, own: KVRows, layout: BatchLayout) -> KVRows:
+    def _gather_current(self, own: KVRows, host: HostPlan, tensors: BatchTensors) -> KVRows:
         return KVRows(
-            latent=self.all_gather_tokens(own.latent, layout, "current_kv"),
-            index_k=self.all_gather_tokens(own.index_k, layout, "current_index_k"),
-            index_k_scale=self.all_gather_tokens(own.index_k_scale, layout, "current_index_k"),
+            latent=self.all_gather_tokens(own.latent, host, tensors, "current_kv"),
+            index_k=self.all_gather_tokens(own.index_k, host, tensors, "current_index_k"),
+            index_k_scale=self.all_gather_tokens(
+                own.index_k_scale, host, tensors, "current_index_k"
+            ),
         )
 
 
 def attend_local(
-    cfg: ModelConfig, proj: Projections, layout: BatchLayout, keys: KVRows
+    cfg: ModelConfig, proj: Projections, host: HostPlan, tensors: BatchTensors, keys: KVRows
 ) -> tuple[Tensor, Tensor]:
     """Top-k and sparse attention for this rank's queries, request by request.
+
+    A request's local rows are contiguous (a rank's tokens ascend in batch order), so the
+    per-request outputs concatenate into local order.
 
     Returns:
         ``(attn [n_local, num_heads * kv_lora_rank], topk [n_local, index_topk])``.
     """
-    n_local = proj.q.shape[0]
-    attn = proj.q.new_zeros(n_local, cfg.num_heads * cfg.kv_lora_rank)
-    topk = torch.full((n_local, cfg.index_topk), -1, dtype=torch.int64, device=proj.q.device)
-    for req in layout.requests:
-        req_keys = keys.select(req.key_rows)
+    if not host.attended:
+        q = proj.q
+        return q.new_zeros(0, cfg.num_heads * cfg.kv_lora_rank), torch.full(
+            (0, cfg.index_topk), -1, dtype=torch.int64, device=q.device
+        )
+    attn, topk = [], []
+    for req in host.attended:
+        req_keys = keys.select(tensors.key_rows[req.key_start : req.key_end])
         attn_r, topk_r = attend_request(
             cfg,
-            proj.rows(req.local_rows),
-            req.positions,
+            proj.between(req.row_start, req.row_end),
+            tensors.local_positions[req.row_start : req.row_end],
             req_keys.latent,
             req_keys.index_k,
             req_keys.index_k_scale,
         )
-        attn[req.local_rows] = attn_r
-        topk[req.local_rows] = topk_r
-    return attn, topk
+        attn.append(attn_r)
+        topk.append(topk_r)
+    return torch.cat(attn), torch.cat(topk)
 
 
-def collect_full_gather(engine: CPEngine, hidden: Tensor, layout: BatchLayout) -> Tensor:
+def collect_full_gather(
+    engine: CPEngine, hidden: Tensor, host: HostPlan, tensors: BatchTensors
+) -> Tensor:
     """Phase 0: all-gather every token's hidden state, then keep each request's last token.
 
     Returns:
         ``[bs, hidden]`` last-token hidden states, identical on every rank.
     """
-    full = engine.all_gather_tokens(hidden, layout, "tail_hidden")  # [num_tokens, hidden]
-    return full[layout.last_token_indices]
+    full = engine.all_gather_tokens(hidden, host, tensors, "tail_hidden")  # [num_tokens, h]
+    return full.index_select(0, tensors.last_token_indices)
 
 
-def collect_narrow_last_token(engine: CPEngine, hidden: Tensor, layout: BatchLayout) -> Tensor:
+def collect_narrow_last_token(
+    engine: CPEngine, hidden: Tensor, host: HostPlan, tensors: BatchTensors
+) -> Tensor:
     """Phase 1: each rank contributes ``[bs, hidden]`` holding the last-token states it
     computed (zeros elsewhere); after the gather each request's row comes from its last
     token's rank.
@@ -217,14 +261,16 @@ def collect_narrow_last_token(engine: CPEngine, hidden: Tensor, layout: BatchLay
     Returns:
         ``[bs, hidden]`` last-token hidden states, identical on every rank.
     """
-    bs = layout.last_token_ranks.shape[0]
-    contribution = hidden.new_zeros(bs, hidden.shape[1])
-    contribution[layout.local_last_requests] = hidden[layout.local_last_rows]
+    bs = host.bs
+    contribution = hidden.new_zeros(bs, hidden.shape[1]).index_copy_(
+        0, tensors.local_last_requests, hidden.index_select(0, tensors.local_last_rows)
+    )
     gathered = engine.comm.all_gather(contribution, "tail_hidden")  # [cp_size, bs, hidden]
-    return gathered[layout.last_token_ranks, torch.arange(bs)]
+    rows = tensors.last_token_ranks * bs + torch.arange(bs, device=hidden.device)
+    return gathered.flatten(0, 1).index_select(0, rows)
 
 
-COLLECTORS: dict[OutputStrategy, Callable[[CPEngine, Tensor, BatchLayout], Tensor]] = {
+COLLECTORS: dict[OutputStrategy, Callable[[CPEngine, Tensor, HostPlan, BatchTensors], Tensor]] = {
     OutputStrategy.FULL_GATHER: collect_full_gather,
     OutputStrategy.NARROW_LAST_TOKEN: collect_narrow_last_token,
 }

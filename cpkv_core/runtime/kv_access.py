@@ -1,4 +1,4 @@
-"""The run steps of KV writes and reads: gathers and scatters with host-planned indices.
+"""The run steps of KV writes and reads: gathers and scatters with device-expanded indices.
 
 Nothing here reads a tensor's values to decide a shape: no ``.item()``, ``.tolist()``,
 ``nonzero``, boolean-mask indexing or ``unique``, so every function runs on the ``meta``
@@ -10,20 +10,20 @@ from __future__ import annotations
 from torch import Tensor
 
 from cpkv_core.dist.comm import Communicator
+from cpkv_core.planning.host_plan import KeySource
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
-from cpkv_core.runtime.layout import KeySource, ReadPlan, WritePlan
 
 MATERIALIZE_TAG = "materialize"
 """Collective tag of full-view materialization, so its bytes are counted apart."""
 
 
-def write_current(pool: PagedKVPool, layer: int, plan: WritePlan, current: KVRows) -> None:
-    """Stores the planned rows of the gathered current chunk into this rank's pool.
+def write_rows(pool: PagedKVPool, layer: int, source: KVRows, rows: Tensor, dest: Tensor) -> None:
+    """Stores ``source``'s rows ``rows [m]`` at pool rows ``dest [m]`` of ``layer``.
 
-    Replicated: every row at its logical loc. Owner-filtered: only owned rows, at their
-    physical rows.
+    Replicated: every gathered row at its logical loc. Owner-filtered: only owned rows of
+    the gathered chunk, at their physical rows. Direct: this rank's own rows.
     """
-    pool.write(layer, plan.dest_rows, current.select(plan.source_index))
+    pool.write(layer, dest, source.select(rows))
 
 
 def materialize(comm: Communicator, pool_layer: KVRows, send_rows: Tensor) -> KVRows:
@@ -45,12 +45,16 @@ def materialize(comm: Communicator, pool_layer: KVRows, send_rows: Tensor) -> KV
 
 
 def key_source(
-    comm: Communicator, pool: PagedKVPool, layer: int, plan: ReadPlan, current: KVRows
+    comm: Communicator,
+    pool: PagedKVPool,
+    layer: int,
+    source: KeySource,
+    send_rows: Tensor,
+    current: KVRows,
 ) -> KVRows:
     """The buffer this batch's keys are read from, by the plan's source."""
-    if plan.source is KeySource.POOL:
+    if source is KeySource.POOL:
         return pool.layers[layer]
-    if plan.source is KeySource.CURRENT:
+    if source is KeySource.CURRENT:
         return current
-    assert plan.send_rows is not None, "a view read plan carries its send rows"
-    return materialize(comm, pool.layers[layer], plan.send_rows)
+    return materialize(comm, pool.layers[layer], send_rows)

@@ -22,8 +22,18 @@ class KVRows:
         return int(self.latent.shape[0])
 
     def select(self, index: Tensor) -> KVRows:
-        """The rows at ``index [m]``."""
-        return KVRows(self.latent[index], self.index_k[index], self.index_k_scale[index])
+        """The rows at ``index [m]`` (an int64 tensor on the rows' device)."""
+        return KVRows(
+            self.latent.index_select(0, index),
+            self.index_k.index_select(0, index),
+            self.index_k_scale.index_select(0, index),
+        )
+
+    def rows(self, start: int, end: int) -> KVRows:
+        """Rows ``[start, end)``, as views."""
+        return KVRows(
+            self.latent[start:end], self.index_k[start:end], self.index_k_scale[start:end]
+        )
 
 
 def index_k_torch_dtype(dtype: IndexKDtype) -> torch.dtype:
@@ -79,7 +89,7 @@ class PagedKVPool:
         self.layers = tuple(
             KVRows(
                 latent=torch.zeros(num_locs, cfg.kv_dim, device=device),
-                index_k=torch.zeros(num_locs, cfg.index_head_dim, device=device).to(k_dtype),
+                index_k=torch.zeros(num_locs, cfg.index_head_dim, dtype=k_dtype, device=device),
                 index_k_scale=torch.zeros(num_locs, device=device),
             )
             for _ in range(cfg.num_layers)
@@ -95,11 +105,13 @@ class PagedKVPool:
         return num_pages * self.page_size * self.bytes_per_token
 
     def write(self, layer: int, rows_index: Tensor, rows: KVRows) -> None:
-        """Stores ``rows`` at token rows ``rows_index [n]`` of ``layer``."""
+        """Stores ``rows`` at token rows ``rows_index [n]`` of ``layer`` (``index_copy_``:
+        no host synchronisation on CUDA)."""
         pool = self.layers[layer]
-        pool.latent[rows_index] = rows.latent
-        pool.index_k[rows_index] = rows.index_k
-        pool.index_k_scale[rows_index] = rows.index_k_scale
+        pool.latent.index_copy_(0, rows_index, rows.latent)
+        # NOTE: index_copy_ has no float8 kernel; the bytes are copied instead.
+        pool.index_k.view(torch.uint8).index_copy_(0, rows_index, rows.index_k.view(torch.uint8))
+        pool.index_k_scale.index_copy_(0, rows_index, rows.index_k_scale)
 
     def read(self, layer: int, rows_index: Tensor) -> KVRows:
         """Gathers token rows ``rows_index [n]`` of ``layer``."""

@@ -97,7 +97,9 @@ def init_weights(cfg: ModelConfig, device: torch.device | str = "cpu") -> ModelW
 
 def embed(weights: ModelWeights, token_ids: Tensor, positions: Tensor) -> Tensor:
     """Input hidden states ``[n, hidden]`` for ``token_ids [n]`` at logical ``positions [n]``."""
-    return weights.token_embedding[token_ids] + weights.position_embedding[positions]
+    return weights.token_embedding.index_select(0, token_ids) + (
+        weights.position_embedding.index_select(0, positions)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,16 +117,16 @@ class Projections:
     index_k: Tensor  # [n, index_head_dim] fp8 or fp32, as stored
     index_k_scale: Tensor  # [n] fp32, as stored
 
-    def rows(self, index: Tensor) -> Projections:
-        """The projections of the tokens at ``index [m]``."""
+    def between(self, start: int, end: int) -> Projections:
+        """The projections of rows ``[start, end)``, as views."""
         return Projections(
-            latent=self.latent[index],
-            q=self.q[index],
-            index_q=self.index_q[index],
-            index_q_scale=self.index_q_scale[index],
-            index_weights=self.index_weights[index],
-            index_k=self.index_k[index],
-            index_k_scale=self.index_k_scale[index],
+            latent=self.latent[start:end],
+            q=self.q[start:end],
+            index_q=self.index_q[start:end],
+            index_q_scale=self.index_q_scale[start:end],
+            index_weights=self.index_weights[start:end],
+            index_k=self.index_k[start:end],
+            index_k_scale=self.index_k_scale[start:end],
         )
 
 

@@ -14,13 +14,14 @@ a ``TraceError`` naming the source, the 1-based line and the field.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.rules import Problem, batch_problem
 from cpkv_core.traces.schema import BatchLine, RequestLine, TraceError, schema_error
 
 __all__ = [
@@ -105,95 +106,18 @@ def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> tuple[Ba
 # ---------------------------------------------------------------------------------------
 
 
-def _continuation_problem(req: RequestSpec, tokens: int) -> tuple[str, str] | None:
-    if req.prefix_from is not None:
-        return "prefix_from", (
-            f"{req.rid!r} continues an earlier chunk, so prefix_from is not allowed "
-            f"(got {req.prefix_from!r}); remove it"
-        )
-    if req.prefix_len != tokens:
-        return "prefix_len", (
-            f"{req.rid!r} continues an earlier chunk and has {tokens} tokens so far, so "
-            f"prefix_len must be {tokens}, got {req.prefix_len}"
-        )
-    return None
-
-
-def _shared_prefix_problem(
-    req: RequestSpec,
-    tokens: Mapping[str, int],
-    in_batch: set[str],
-    page_size: int,
-) -> tuple[str, str] | None:
-    src = req.prefix_from
-    if src is None:
-        return "prefix_from", (
-            f"new request {req.rid!r} has prefix_len={req.prefix_len} but no prefix_from; "
-            "name the earlier request it shares the prefix with, or set prefix_len to 0"
-        )
-    if req.prefix_len == 0:
-        return "prefix_from", (
-            f"prefix_from given but prefix_len is 0 (nothing to share); remove prefix_from "
-            f"{src!r} or give the shared prefix length"
-        )
-    if src not in tokens:
-        where = "first appears in this batch" if src in in_batch else "is not a known request"
-        return "prefix_from", (
-            f"prefix_from {src!r} {where}; a prefix can only be shared from a request "
-            "of an earlier batch"
-        )
-    if req.prefix_len % page_size:
-        return "prefix_len", (
-            f"a shared prefix (radix-cache hit) must be page-aligned: prefix_len="
-            f"{req.prefix_len} is not a multiple of page_size={page_size}"
-        )
-    if req.prefix_len > tokens[src]:
-        return "prefix_len", (
-            f"prefix_len={req.prefix_len} exceeds the {tokens[src]} tokens {src!r} has "
-            "before this batch"
-        )
-    return None
-
-
-def _request_problem(
-    req: RequestSpec,
-    tokens: Mapping[str, int],
-    in_batch: set[str],
-    page_size: int,
-) -> tuple[str, str] | None:
-    if req.prefix_len < 0:
-        return "prefix_len", f"must be >= 0, got {req.prefix_len}"
-    if req.extend_len < 1:
-        return "extend_len", f"must be >= 1, got {req.extend_len}"
-    if req.rid in in_batch:
-        return "rid", f"{req.rid!r} appears twice in this batch; a rid may appear once"
-    if req.rid in tokens:
-        return _continuation_problem(req, tokens[req.rid])
-    if req.prefix_len > 0 or req.prefix_from is not None:
-        return _shared_prefix_problem(req, tokens, in_batch, page_size)
-    return None
-
-
 def _validate_batch(
     batch: BatchSpec,
     index: int,
     tokens: dict[str, int],
     page_size: int,
-) -> tuple[str, str] | None:
+) -> Problem | None:
     if batch.batch != index:
         return "batch", f"expected batch {index}, got {batch.batch}"
-    if not batch.requests:
-        return "requests", "must be a non-empty list, got an empty list"
-    in_batch: set[str] = set()
-    for i, req in enumerate(batch.requests):
-        problem = _request_problem(req, tokens, in_batch, page_size)
-        if problem is not None:
-            return f"requests[{i}].{problem[0]}", problem[1]
-        in_batch.add(req.rid)
-    # NOTE: lengths are updated after the whole batch: a request of this batch cannot
-    # share tokens that are being computed in the same batch.
-    tokens.update((req.rid, req.seq_len) for req in batch.requests)
-    return None
+    problem = batch_problem(batch, tokens, page_size)
+    if problem is None:
+        tokens.update((req.rid, req.seq_len) for req in batch.requests)
+    return problem
 
 
 def validate_trace(

@@ -1,0 +1,280 @@
+"""The host half of plan/run: one rank's plan of one batch, O(pages + requests), one buffer.
+
+``build_host_plan`` reads a ``ScheduledBatch`` and the batch's strategies and reduces them
+to small integer tables: split segments, per-request offsets, the base row of every
+page-table entry in the key source, write runs per page, the pages this rank sends into a
+view, the last tokens. Every table is built with vectorised numpy ops, never a Python loop
+per token, and all of them are packed into one int64 buffer that the run step copies to its
+device once and expands there into per-token indices (``runtime.device_plan``), with every
+output size known here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy, KvWriteStrategy
+from cpkv_core.planning.remap import ViewPlan, slot_view_plan, unique_view_plan
+from cpkv_core.planning.scheduler import ScheduledBatch
+from cpkv_core.planning.segments import SplitSegments, build_segments
+
+__all__ = ["AttendedRequest", "HostPlan", "KeySource", "build_host_plan"]
+
+IntArray = npt.NDArray[np.int64]
+
+
+class KeySource(StrEnum):
+    """The buffer a request's keys are gathered from."""
+
+    POOL = "pool"
+    """The rank's own pool (replicated layout)."""
+    VIEW = "view"
+    """The materialized view gathered from the page owners."""
+    CURRENT = "current"
+    """The batch-order all-gathered current chunk."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttendedRequest:
+    """A request with queries on this rank: its local rows and its rows of ``key_rows``."""
+
+    index: int
+    """Request index in the batch."""
+    row_start: int
+    row_end: int
+    key_start: int
+    key_end: int
+    """``key_end - key_start`` is the request's ``seq_len``."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostPlan:
+    """One rank's plan of one batch: sizes as host ints, tables in one int64 buffer.
+
+    Invariant: every size the run step passes to an op (``output_size``, slice bounds,
+    buffer shapes) is a field here, so expanding the buffer never reads a device value.
+    """
+
+    rank: int
+    cp_size: int
+    page_size: int
+    strategies: ExecutionPlan
+    key_source: KeySource
+    bs: int
+    num_tokens: int
+    num_local: int
+    max_local: int
+    """Rows per rank in the padded all-gather of the current chunk."""
+    local_start: int
+    """Offset of this rank's tokens among every rank's, rank-major."""
+    num_segments: int
+    attended: tuple[AttendedRequest, ...]
+    num_keys: int
+    num_written: int
+    """Token rows this rank writes into its pool."""
+    num_local_last: int
+    """Requests whose last token this rank computed."""
+    view: ViewPlan | None
+    """The materialized view's plan (view reads only)."""
+    buffer: IntArray
+    fields: Mapping[str, tuple[int, int]]
+    """Name -> ``(offset, length)`` of each table in ``buffer``."""
+
+    @property
+    def write_from_local(self) -> bool:
+        """The write reads this rank's own rows, not the gathered chunk."""
+        return self.strategies.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT
+
+    @property
+    def view_max_pages(self) -> int:
+        """Slots per owner in the view; 0 without one."""
+        return 0 if self.view is None else self.view.max_pages
+
+    def table(self, name: str) -> IntArray:
+        """The host copy of one table (tests and debug checks)."""
+        offset, length = self.fields[name]
+        return self.buffer[offset : offset + length]
+
+
+def _pack(tables: Mapping[str, IntArray]) -> tuple[IntArray, dict[str, tuple[int, int]]]:
+    fields, offset = {}, 0
+    for name, table in tables.items():
+        fields[name] = (offset, len(table))
+        offset += len(table)
+    parts = [np.asarray(t, dtype=np.int64) for t in tables.values()]
+    return np.concatenate(parts) if parts else np.empty(0, np.int64), fields
+
+
+def _rows_before(segs: SplitSegments, lo: int, hi: int, tokens: IntArray) -> IntArray:
+    """Per entry of ``tokens``: this rank's tokens (segments ``lo:hi``) below it."""
+    g0, count, stride = segs.g0[lo:hi], segs.count[lo:hi], segs.stride[lo:hi]
+    inside = -(-(tokens[:, None] - g0[None, :]) // stride[None, :])
+    rows: IntArray = np.clip(inside, 0, count[None, :]).sum(axis=1).astype(np.int64)
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class _CurrentPages:
+    """Every page a batch's current tokens touch, as runs of batch tokens."""
+
+    page: IntArray
+    g0: IntArray
+    count: IntArray
+    offset: IntArray
+    """Position in the page of the run's first token."""
+
+
+def _current_pages(
+    batch: ScheduledBatch, cu_extend: IntArray, flat: IntArray, table_cu: IntArray
+) -> _CurrentPages:
+    ps = batch.page_size
+    prefix = np.asarray(batch.prefix_lens, np.int64)
+    seq = prefix + np.asarray(batch.extend_lens, np.int64)
+    pages = np.asarray(batch.current_pages, np.int64)
+    req = np.repeat(np.arange(len(pages), dtype=np.int64), pages)
+    first = np.cumsum(pages) - pages
+    j = prefix[req] // ps + np.arange(len(req), dtype=np.int64) - first[req]
+    start = np.maximum(j * ps, prefix[req])
+    end = np.minimum((j + 1) * ps, seq[req])
+    return _CurrentPages(
+        page=flat[table_cu[req] + j],
+        g0=cu_extend[req] + start - prefix[req],
+        count=end - start,
+        offset=start - j * ps,
+    )
+
+
+def _write_runs(
+    batch: ScheduledBatch, plan: ExecutionPlan, rank: int, pages: _CurrentPages, segs: SplitSegments
+) -> dict[str, IntArray]:
+    """Per page run this rank writes: source row, pool row, logical loc, length."""
+    ps, cp = batch.page_size, batch.cp_size
+    if plan.kv_write is KvWriteStrategy.REPLICATED:
+        dest = pages.page * ps + pages.offset
+        return {
+            "write_src0": pages.g0,
+            "write_dst0": dest,
+            "write_loc0": dest,
+            "write_count": pages.count,
+        }
+    mine = pages.page % cp == rank
+    page, g0, count, offset = (
+        pages.page[mine],
+        pages.g0[mine],
+        pages.count[mine],
+        pages.offset[mine],
+    )
+    src0 = g0
+    if plan.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT:
+        ranks, src0 = segs.rank_of_tokens(g0)
+        local = int(segs.num_local[rank])
+        if not (ranks == rank).all() or int(count.sum()) != local:
+            raise RuntimeError(
+                f"batch {batch.batch}: rank {rank} computes tokens on pages it does not own, "
+                "indicates a bug in the gate (OWNER_MISMATCH must fall back)"
+            )
+    dest = (page // cp) * ps + offset
+    return {
+        "write_src0": src0,
+        "write_dst0": dest,
+        "write_loc0": page * ps + offset,
+        "write_count": count,
+    }
+
+
+def _read(
+    batch: ScheduledBatch, plan: ExecutionPlan, rank: int, flat: IntArray
+) -> tuple[KeySource, ViewPlan | None, IntArray, IntArray]:
+    """``(source, view, key_base per page-table entry, physical pages this rank sends)``."""
+    empty = np.empty(0, np.int64)
+    if plan.kv_read is KvReadStrategy.LOCAL_POOL:
+        return KeySource.POOL, None, flat * batch.page_size, empty
+    if plan.kv_read is KvReadStrategy.CURRENT_REUSE:
+        if batch.has_history:
+            raise RuntimeError(
+                f"batch {batch.batch}: current reuse got a request with history, indicates a "
+                "bug in the gate (HAS_HISTORY must fall back)"
+            )
+        return KeySource.CURRENT, None, empty, empty
+    build = slot_view_plan if plan.kv_read is KvReadStrategy.MATERIALIZED_SLOT else unique_view_plan
+    view = build(flat, batch.page_size, batch.cp_size)
+    send = np.zeros(view.max_pages, np.int64)
+    mine = view.pages_by_owner[rank] // batch.cp_size
+    send[: len(mine)] = mine
+    return KeySource.VIEW, view, view.entry_rows, send
+
+
+def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> HostPlan:
+    """The ``HostPlan`` of ``batch`` on ``rank`` under ``plan``'s strategies."""
+    cp = batch.cp_size
+    extend = np.asarray(batch.extend_lens, np.int64)
+    prefix = np.asarray(batch.prefix_lens, np.int64)
+    cu_extend = np.concatenate([[0], np.cumsum(extend)]).astype(np.int64)
+    tables = [r.page_table for r in batch.requests]
+    flat = np.concatenate(tables) if tables else np.empty(0, np.int64)
+    table_cu = np.concatenate([[0], np.cumsum([len(t) for t in tables])]).astype(np.int64)
+    segs = build_segments(plan.split, batch.extend_lens, batch.prefix_lens, cp, batch.page_size)
+    num_local = segs.num_local
+    lo, hi = np.searchsorted(segs.rank, [rank, rank + 1])
+    row_bounds = _rows_before(segs, int(lo), int(hi), cu_extend)
+    attended_index = np.flatnonzero(row_bounds[1:] > row_bounds[:-1])
+    seq = prefix + extend
+    key_cu = np.concatenate([[0], np.cumsum(seq[attended_index])]).astype(np.int64)
+    attended = tuple(
+        AttendedRequest(int(i), int(row_bounds[i]), int(row_bounds[i + 1]), int(k0), int(k1))
+        for i, k0, k1 in zip(attended_index, key_cu[:-1], key_cu[1:], strict=True)
+    )
+    source, view, key_base, send_pages = _read(batch, plan, rank, flat)
+    writes = _write_runs(batch, plan, rank, _current_pages(batch, cu_extend, flat, table_cu), segs)
+    last_tokens = cu_extend[1:] - 1
+    last_ranks, last_rows = segs.rank_of_tokens(last_tokens)
+    local_last = np.flatnonzero(last_ranks == rank)
+    buffer, fields = _pack(
+        {
+            "cu_extend": cu_extend,
+            "prefix_lens": prefix,
+            "rid_keys": np.asarray([r.rid_key for r in batch.requests], np.int64),
+            "seg_rank": segs.rank,
+            "seg_g0": segs.g0,
+            "seg_count": segs.count,
+            "seg_stride": segs.stride,
+            "seg_row0": segs.row0,
+            "seg_first": np.cumsum(segs.count) - segs.count,
+            "table_cu": table_cu,
+            "key_base": key_base,
+            "att_req": attended_index,
+            "att_key_lo": key_cu[:-1],
+            "att_seq": seq[attended_index],
+            **writes,
+            "send_pages": send_pages,
+            "last_tokens": last_tokens,
+            "last_ranks": last_ranks,
+            "local_last_rows": last_rows[local_last],
+            "local_last_requests": local_last,
+        }
+    )
+    return HostPlan(
+        rank=rank,
+        cp_size=cp,
+        page_size=batch.page_size,
+        strategies=plan,
+        key_source=source,
+        bs=len(batch.requests),
+        num_tokens=segs.num_tokens,
+        num_local=int(num_local[rank]),
+        max_local=int(num_local.max(initial=0)),
+        local_start=int(num_local[:rank].sum()),
+        num_segments=len(segs.rank),
+        attended=attended,
+        num_keys=int(key_cu[-1]),
+        num_written=int(writes["write_count"].sum()),
+        num_local_last=len(local_last),
+        view=view,
+        buffer=buffer,
+        fields=fields,
+    )

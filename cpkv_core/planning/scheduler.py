@@ -1,0 +1,263 @@
+"""The host scheduler: the only page allocator, and one frozen ``ScheduledBatch`` per batch.
+
+For each batch it checks every request against its state (``rules``), allocates the pages
+of the current tokens and emits a ``ScheduledBatch``: page tables, the pages it allocated
+and their owners, the owner of the page each chunk resumes in, lengths. The gate decides
+from it, every CP rank and the reference run it, and the PD sender reads its page tables:
+none of them allocates. A batch is scheduled as a whole or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from cpkv_core.planning.allocator import PageAllocator, PageTable, ceil_div
+from cpkv_core.planning.batch import BatchSpec, RequestSpec
+from cpkv_core.planning.ownership import owner_of_page
+from cpkv_core.planning.rules import batch_problem
+from cpkv_core.planning.split_page_aligned import compute_owner_of_pages, short_requests
+from cpkv_core.planning.tokens import rid_key
+
+__all__ = [
+    "NO_OWNER",
+    "OwnerPolicy",
+    "ScheduleError",
+    "ScheduledBatch",
+    "ScheduledRequest",
+    "Scheduler",
+    "pages_for_trace",
+]
+
+NO_OWNER = -1
+"""``resume_page_owner`` of a chunk that starts on a page boundary."""
+
+
+class OwnerPolicy(StrEnum):
+    """Which owners the scheduler gives a batch's new pages."""
+
+    DEALT = "dealt"
+    """Consecutive pages of a request to consecutive owners (balanced within one page)."""
+    COMPUTE_OWNER = "compute-owner"
+    """Each page to the rank that computes it under the page-aligned split, when the batch
+    can take that split; otherwise dealt."""
+
+
+class ScheduleError(ValueError):
+    """A batch does not follow from the scheduler's state; nothing was scheduled."""
+
+    def __init__(self, batch: int, field: str, message: str) -> None:
+        self.batch = batch
+        self.field = field
+        super().__init__(f"batch {batch}: {field}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """One request of a scheduled batch: its chunk and where its tokens live."""
+
+    rid: str
+    prefix_len: int
+    """Tokens already in the KV cache (an earlier chunk or a shared prefix)."""
+    extend_len: int
+    """Tokens computed in this batch, at positions ``[prefix_len, seq_len)``."""
+    page_table: PageTable
+    """Logical pages of positions ``[0, seq_len)``, read-only."""
+    rid_key: int
+    """Token-id key (``tokens.rid_key``): the chunk's ids are ``token_ids(rid_key, pos)``."""
+    resume_page_owner: int = NO_OWNER
+    """Owner of the partly filled page this chunk resumes in; ``NO_OWNER`` when the chunk
+    starts on a page boundary."""
+    return_logprob: bool = False
+    capture_hidden: bool = False
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens of the request once this batch is done."""
+        return self.prefix_len + self.extend_len
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledBatch:
+    """One batch as the scheduler committed it: the input every consumer shares.
+
+    Invariant: ``requests[i].page_table`` holds ``ceil(seq_len / page_size)`` pages, and
+    ``on_compute_owners`` is True only if every page a request writes is owned by the rank
+    that computes it under the page-aligned split.
+    """
+
+    batch: int
+    spec: str | None
+    """Speculative algorithm (e.g. ``EAGLE``) or None."""
+    requests: tuple[ScheduledRequest, ...]
+    page_size: int
+    cp_size: int
+    """Owners of the logical page space (CP ranks)."""
+    new_pages: PageTable
+    """Pages allocated by this batch, in request and position order."""
+    on_compute_owners: bool
+    """Every page this batch writes is owned by its page-aligned compute owner."""
+    extend_lens: tuple[int, ...]
+    prefix_lens: tuple[int, ...]
+    current_pages: tuple[int, ...]
+    """Pages each request's current tokens touch (a partial first or last page counts)."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Current tokens of the batch."""
+        return sum(self.extend_lens)
+
+    @property
+    def has_history(self) -> bool:
+        """True when any request already has tokens in the KV cache."""
+        return any(self.prefix_lens)
+
+    @property
+    def seq_lens(self) -> tuple[int, ...]:
+        """Tokens per request once the batch is done."""
+        return tuple(r.seq_len for r in self.requests)
+
+
+def pages_for_trace(batches: Sequence[BatchSpec], page_size: int, cp_size: int) -> int:
+    """Logical pages that hold a whole trace whatever owners its pages go to.
+
+    Shared prefix pages are counted once; each owner gets ``num_pages / cp_size`` pages, so
+    any owner could hold the whole trace.
+    """
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    seq_lens: dict[str, int] = {}
+    shared_pages: dict[str, int] = {}
+    for batch in batches:
+        for req in batch.requests:
+            if req.rid not in seq_lens:
+                shared_pages[req.rid] = req.prefix_len // page_size if req.prefix_from else 0
+            seq_lens[req.rid] = req.seq_len
+    pages = sum(ceil_div(n, page_size) - shared_pages[rid] for rid, n in seq_lens.items())
+    return cp_size * (pages + 1)
+
+
+class Scheduler:
+    """Schedules batches one at a time against its allocator and token counts."""
+
+    def __init__(self, num_pages: int, page_size: int, cp_size: int = 1) -> None:
+        self.allocator = PageAllocator(num_pages, page_size, num_owners=cp_size)
+        self.page_size = page_size
+        self.cp_size = cp_size
+        self._seq_lens: dict[str, int] = {}
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._seq_lens
+
+    def seq_len(self, rid: str) -> int:
+        """Tokens ``rid`` holds."""
+        try:
+            return self._seq_lens[rid]
+        except KeyError:
+            raise ValueError(f"unknown request {rid!r}; schedule it first") from None
+
+    def page_table(self, rid: str) -> PageTable:
+        """Logical pages of ``rid``."""
+        return self.allocator.page_table(rid)
+
+    def schedule(self, batch: BatchSpec, policy: OwnerPolicy = OwnerPolicy.DEALT) -> ScheduledBatch:
+        """Checks, allocates and commits ``batch``; all or nothing.
+
+        Raises:
+            ScheduleError: A request breaks a chunk or prefix rule (see ``rules``).
+            OutOfPagesError: The pool (or one owner) has too few free pages.
+        """
+        problem = batch_problem(batch, self._seq_lens, self.page_size)
+        if problem is not None:
+            raise ScheduleError(batch.batch, *problem)
+        extend_lens = tuple(r.extend_len for r in batch.requests)
+        prefix_lens = tuple(r.prefix_len for r in batch.requests)
+        resume_owners = [self._resume_owner(r) for r in batch.requests]
+        compute_owners = self._compute_owners(extend_lens, prefix_lens, policy)
+        new_pages = self._allocate_all(batch, compute_owners)
+        requests = tuple(
+            ScheduledRequest(
+                rid=r.rid,
+                prefix_len=r.prefix_len,
+                extend_len=r.extend_len,
+                page_table=self.allocator.page_table(r.rid),
+                rid_key=rid_key(r.rid),
+                resume_page_owner=owner,
+                return_logprob=r.return_logprob,
+                capture_hidden=r.capture_hidden,
+            )
+            for r, owner in zip(batch.requests, resume_owners, strict=True)
+        )
+        self._seq_lens.update((r.rid, r.seq_len) for r in batch.requests)
+        return ScheduledBatch(
+            batch=batch.batch,
+            spec=batch.spec,
+            requests=requests,
+            page_size=self.page_size,
+            cp_size=self.cp_size,
+            new_pages=new_pages,
+            on_compute_owners=compute_owners is not None
+            and all(
+                resume in (NO_OWNER, owners[0])
+                for resume, owners in zip(resume_owners, compute_owners, strict=True)
+            ),
+            extend_lens=extend_lens,
+            prefix_lens=prefix_lens,
+            current_pages=tuple(
+                ceil_div(p + e, self.page_size) - p // self.page_size
+                for p, e in zip(prefix_lens, extend_lens, strict=True)
+            ),
+        )
+
+    def release(self, rid: str) -> None:
+        """Forgets ``rid``; its pages no other request holds are freed."""
+        self.allocator.release(rid)
+        del self._seq_lens[rid]
+
+    def _resume_owner(self, req: RequestSpec) -> int:
+        if req.prefix_len % self.page_size == 0 or req.rid not in self._seq_lens:
+            return NO_OWNER
+        return owner_of_page(int(self.allocator.page_table(req.rid)[-1]), self.cp_size)
+
+    def _compute_owners(
+        self, extend_lens: tuple[int, ...], prefix_lens: tuple[int, ...], policy: OwnerPolicy
+    ) -> tuple[tuple[int, ...], ...] | None:
+        """Per request the compute owner of each current page, when ``policy`` allocates by
+        compute owner and the batch can take the page-aligned split; None otherwise."""
+        if policy is OwnerPolicy.DEALT or short_requests(
+            extend_lens, prefix_lens, self.cp_size, self.page_size
+        ):
+            return None
+        return compute_owner_of_pages(extend_lens, prefix_lens, self.cp_size, self.page_size)
+
+    def _allocate_all(
+        self, batch: BatchSpec, compute_owners: tuple[tuple[int, ...], ...] | None
+    ) -> PageTable:
+        done: list[tuple[str, int]] = []
+        new_pages = []
+        try:
+            for i, req in enumerate(batch.requests):
+                held = self._pages_held(req)
+                shared = None
+                if req.prefix_from is not None:
+                    source = self.allocator.page_table(req.prefix_from)
+                    shared = source[: req.prefix_len // self.page_size]
+                num_pages = ceil_div(req.seq_len, self.page_size)
+                owners = None
+                if compute_owners is not None:
+                    # NOTE: a chunk resuming mid-page already holds its first page.
+                    new = num_pages - (held if shared is None else len(shared))
+                    owners = compute_owners[i][len(compute_owners[i]) - new :]
+                new_pages.append(self.allocator.allocate(req.rid, num_pages, shared, owners))
+                done.append((req.rid, held))
+        except BaseException:
+            for rid, held in reversed(done):
+                self.allocator.truncate(rid, held)
+            raise
+        return np.concatenate(new_pages) if new_pages else np.empty(0, np.int64)
+
+    def _pages_held(self, req: RequestSpec) -> int:
+        return len(self.allocator.page_table(req.rid)) if req.rid in self.allocator else 0

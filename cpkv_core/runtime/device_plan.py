@@ -1,0 +1,125 @@
+"""The device half of plan/run: one copy of a ``HostPlan``'s buffer, expanded on the device.
+
+``upload`` copies the packed tables to the run device in one transfer (pinned and
+non-blocking on CUDA). ``expand`` turns them into the per-token indices the run step uses:
+local token ids and positions, the all-gather's batch-order index, key rows, write rows,
+send rows. Every op here takes its output size from the host plan (``repeat_interleave``
+with ``output_size``, ``arange`` of host ints, slices of host bounds) and reads no device
+value, so it runs on ``meta`` and inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from cpkv_core.planning.host_plan import HostPlan, KeySource
+from cpkv_core.planning.tokens import token_ids
+
+__all__ = ["BatchTensors", "expand", "upload"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTensors:
+    """Per-token indices of one batch on one rank, on the run device."""
+
+    local_token_indices: Tensor  # [n_local] batch token g of each local row
+    local_token_ids: Tensor  # [n_local]
+    local_positions: Tensor  # [n_local] logical positions
+    gather_index: Tensor  # [num_tokens] row of token g in the padded all-gather stack
+    key_rows: Tensor  # [num_keys] rows of every attended request's keys in the key source
+    write_source: Tensor  # [num_written] rows of the gathered chunk (or of the local rows)
+    write_dest: Tensor  # [num_written] rows of this rank's pool
+    written_locs: Tensor  # [num_written] logical locs of those rows
+    send_rows: Tensor  # [max_pages * page_size] pool rows sent into a view; padding reads row 0
+    last_token_indices: Tensor  # [bs]
+    last_token_ranks: Tensor  # [bs]
+    local_last_rows: Tensor  # [num_local_last]
+    local_last_requests: Tensor  # [num_local_last]
+
+
+def upload(plan: HostPlan, device: torch.device) -> Tensor:
+    """The plan's buffer on ``device``, in one copy."""
+    host = torch.from_numpy(plan.buffer)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    if device.type == "meta":
+        return torch.empty(host.shape, dtype=host.dtype, device=device)
+    return host.to(device)
+
+
+class _Tables:
+    """Named views into the uploaded buffer."""
+
+    def __init__(self, plan: HostPlan, packed: Tensor) -> None:
+        self.plan, self.packed = plan, packed
+
+    def __getitem__(self, name: str) -> Tensor:
+        offset, length = self.plan.fields[name]
+        return self.packed[offset : offset + length]
+
+
+def _arange(n: int, like: Tensor) -> Tensor:
+    return torch.arange(n, dtype=torch.int64, device=like.device)
+
+
+def _runs(t: _Tables, starts: Tensor, counts: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """``(run of each element, offset in its run)`` of ``n`` elements in runs of ``counts``."""
+    run = torch.repeat_interleave(_arange(len(counts), counts), counts, output_size=n)
+    return run, _arange(n, counts) - starts[run]
+
+
+def _split_tokens(plan: HostPlan, t: _Tables) -> tuple[Tensor, Tensor]:
+    """``(batch token g of every rank's rows rank-major, its all-gather row)``."""
+    counts = t["seg_count"]
+    seg, offset = _runs(t, t["seg_first"], counts, plan.num_tokens)
+    tokens = t["seg_g0"][seg] + t["seg_stride"][seg] * offset
+    rows = t["seg_rank"][seg] * plan.max_local + t["seg_row0"][seg] + offset
+    return tokens, rows
+
+
+def _key_rows(plan: HostPlan, t: _Tables) -> Tensor:
+    att_seq = t["att_seq"]
+    which, positions = _runs(t, t["att_key_lo"], att_seq, plan.num_keys)
+    request = t["att_req"][which]
+    if plan.key_source is KeySource.CURRENT:
+        return t["cu_extend"][request] + positions
+    entry = t["table_cu"][request] + positions // plan.page_size
+    return t["key_base"][entry] + positions % plan.page_size
+
+
+def expand(plan: HostPlan, packed: Tensor, vocab_size: int) -> BatchTensors:
+    """Expands the uploaded tables (``upload``) into the batch's per-token indices."""
+    t = _Tables(plan, packed)
+    tokens, rows = _split_tokens(plan, t)
+    gather_index = torch.zeros_like(tokens).index_copy_(0, tokens, rows)
+    local = tokens[plan.local_start : plan.local_start + plan.num_local]
+    cu_extend = t["cu_extend"]
+    extend_lens = cu_extend[1:] - cu_extend[:-1]
+    request_of_token = torch.repeat_interleave(
+        _arange(plan.bs, packed), extend_lens, output_size=plan.num_tokens
+    )
+    request = request_of_token[local]
+    positions = t["prefix_lens"][request] + local - cu_extend[request]
+    run, offset = _runs(
+        t, torch.cumsum(t["write_count"], 0) - t["write_count"], t["write_count"], plan.num_written
+    )
+    ps = plan.page_size
+    send_pages = t["send_pages"]
+    return BatchTensors(
+        local_token_indices=local,
+        local_token_ids=token_ids(t["rid_keys"][request], positions, vocab_size),
+        local_positions=positions,
+        gather_index=gather_index,
+        key_rows=_key_rows(plan, t),
+        write_source=t["write_src0"][run] + offset,
+        write_dest=t["write_dst0"][run] + offset,
+        written_locs=t["write_loc0"][run] + offset,
+        send_rows=(send_pages[:, None] * ps + _arange(ps, packed)[None, :]).reshape(-1),
+        last_token_indices=t["last_tokens"],
+        last_token_ranks=t["last_ranks"],
+        local_last_rows=t["local_last_rows"],
+        local_last_requests=t["local_last_requests"],
+    )
