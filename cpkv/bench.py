@@ -77,6 +77,10 @@ def bench_gate(deploy: DeploymentConfig, sizes: Sequence[int] = (1, 32, 256)) ->
     return rows
 
 
+HOST_PLAN_PAGE_SIZE = 64
+"""The host-plan figure's page size (NSA models' page), whatever the bench's own."""
+
+
 @dataclass(frozen=True, slots=True)
 class HostPlanTiming:
     """Host planning time of one rank for one batch with long histories."""
@@ -104,7 +108,9 @@ def bench_host_plan(
     repeats: int = 20,
 ) -> list[HostPlanTiming]:
     """``build_host_plan`` of a batch of ``requests`` continuing requests, each with
-    ``history`` tokens already cached, every phase enabled (the gate picks the plan)."""
+    ``history`` tokens already cached, at page 64 and ``deploy``'s CP size, every phase
+    enabled (the gate picks the plan)."""
+    deploy = deploy.model_copy(update={"page_size": HOST_PLAN_PAGE_SIZE})
     extend = 2 * deploy.cp_size * deploy.page_size
     rows = []
     for history in histories:

@@ -70,16 +70,13 @@ class ComputeOwnerWrite:
         if batch.on_compute_owners:
             return []
         need = 2 * batch.cp_size
-        reasons = [
-            Reason(
-                ReasonCode.NOT_PAGE_ALIGNED, (("rid", req.rid), ("pages", pages), ("need", need))
-            )
-            for req, pages in zip(batch.requests, batch.current_pages, strict=True)
-            if is_short_page_count(pages, batch.cp_size)
-        ]
-        if reasons:
-            return reasons
-        reasons = [r for r in (_owner_mismatch(req, batch) for req in batch.requests) if r]
+        reasons: list[Reason] = []
+        for req, pages in zip(batch.requests, batch.current_pages, strict=True):
+            if is_short_page_count(pages, batch.cp_size):
+                values = (("rid", req.rid), ("pages", pages), ("need", need))
+                reasons.append(Reason(ReasonCode.NOT_PAGE_ALIGNED, values))
+            elif (mismatch := _owner_mismatch(req, batch)) is not None:
+                reasons.append(mismatch)
         return reasons or [Reason(ReasonCode.NOT_OWNER_ALLOCATED)]
 
     def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:

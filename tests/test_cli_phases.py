@@ -32,7 +32,12 @@ def test_explain_json_lists_every_batch_with_reasons() -> None:
     doc = json.loads(result.stdout)
     assert [b["phase"] for b in doc["batches"]] == [1, 0, 0, 1]
     phase1 = [b["phases"][0] for b in doc["batches"]]
-    assert phase1[1] == {"phase": 1, "active": False, "reasons": ["SPEC_DECODE spec=EAGLE"]}
+    assert phase1[1] == {
+        "phase": 1,
+        "active": False,
+        "reasons": ["SPEC_DECODE spec=EAGLE"],
+        "codes": ["SPEC_DECODE"],
+    }
     assert phase1[2]["reasons"] == ["RETURN_LOGPROB rid=d", "CAPTURE_HIDDEN rid=e"]
     assert doc["summary"]["batches_by_phase"] == {"0": 2, "1": 2}
     assert doc["summary"]["tokens_by_phase"] == {"0": 52, "1": 56}
@@ -123,6 +128,11 @@ def test_bench_json_reports_every_figure() -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert [g["bs"] for g in doc["gate"]] == [1, 32, 256]
+    plans = doc["host_plan"]
+    assert [row["history_tokens"] for row in plans] == [4096, 32768, 131072]
+    # 8 requests, page 64 whatever --page-size says, 2 * cp_size pages each computed now.
+    assert [row["pages"] for row in plans] == [8 * (h // 64 + 8) for h in (4096, 32768, 131072)]
+    assert all(row["microseconds"] > 0 and row["phase"] == 5 for row in plans)
     for row in doc["tail_bytes"]:
         assert row["narrow_bytes"] == row["cp_size"] * row["bs"] * 64 * 4
         assert row["narrow_bytes"] < row["full_gather_bytes"]

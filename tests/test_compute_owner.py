@@ -3,27 +3,32 @@ allocation follows the compute owner, local queries follow real segment lengths.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv_core.config import DeploymentConfig
-from cpkv_core.planning.allocation import allocate_batch, pages_for_trace, with_first_page_owners
-from cpkv_core.planning.allocator import PageAllocator
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
-from cpkv_core.planning.execution import (
+from cpkv_core.planning import (
+    BatchSpec,
     ExecutionPlan,
+    HostPlan,
     KvReadStrategy,
     KvWriteStrategy,
+    OwnerPolicy,
+    RequestSpec,
+    ScheduledBatch,
+    Scheduler,
     SplitStrategy,
+    build_host_plan,
+    owner_of_loc,
+    pages_for_trace,
+    request_pages,
 )
-from cpkv_core.planning.ownership import owner_of_loc
-from cpkv_core.planning.split_page_aligned import local_pair_lengths, request_pages
-from cpkv_core.runtime.layout import build_batch_split, build_layout, build_write_plan
-from phases.gate import Gate
-from phases.ids import PhaseId
+from cpkv_core.planning.split_page_aligned import (
+    build_page_aligned_zigzag_split,
+    local_pair_lengths,
+)
+from phases import Gate, PhaseId
 
 DIRECT = ExecutionPlan(
     split=SplitStrategy.PAGE_ALIGNED_ZIGZAG,
@@ -31,6 +36,21 @@ DIRECT = ExecutionPlan(
     kv_read=KvReadStrategy.MATERIALIZED_SLOT,
     output=ExecutionPlan.baseline(DeploymentConfig().cp_mode).output,
 )
+
+
+def written_locs(host: HostPlan) -> list[int]:
+    """The logical locs a host plan writes, expanded on the host."""
+    starts, counts = host.table("write_loc0"), host.table("write_count")
+    return [int(s) + i for s, n in zip(starts, counts, strict=True) for i in range(int(n))]
+
+
+def current_locs(batch: ScheduledBatch) -> list[int]:
+    ps = batch.page_size
+    return [
+        int(r.page_table[p // ps]) * ps + p % ps
+        for r in batch.requests
+        for p in range(r.prefix_len, r.seq_len)
+    ]
 
 
 @st.composite
@@ -52,30 +72,28 @@ def long_batches(draw: st.DrawFn) -> tuple[list[BatchSpec], int, int]:
 
 @settings(max_examples=60, deadline=None)
 @given(long_batches())
-def test_direct_write_touches_only_pages_its_rank_owns(case: tuple) -> None:  # type: ignore[type-arg]
+def test_direct_write_touches_only_pages_its_rank_owns(
+    case: tuple[list[BatchSpec], int, int],
+) -> None:
     batches, cp_size, page_size = case
-    allocator = PageAllocator(pages_for_trace(batches, page_size, cp_size), page_size, cp_size)
+    scheduler = Scheduler(pages_for_trace(batches, page_size, cp_size), page_size, cp_size)
     for batch in batches:
-        split = build_batch_split(SplitStrategy.PAGE_ALIGNED_ZIGZAG, batch, cp_size, page_size)
-        allocate_batch(allocator, batch, DIRECT)
-        current = [
-            loc for r in batch.requests for loc in allocator.locs(r.rid, r.prefix_len, r.seq_len)
-        ]
+        scheduled = scheduler.schedule(batch, OwnerPolicy.COMPUTE_OWNER)
+        if not scheduled.on_compute_owners:
+            continue  # a chunk resuming in a foreign page: phase 5 falls back
         written: list[int] = []
         for rank in range(cp_size):
-            local = split.local_token_indices[rank]
-            plan = build_write_plan(
-                KvWriteStrategy.COMPUTE_OWNER_DIRECT, current, local, rank, cp_size, page_size
-            )
-            locs = plan.written_locs.tolist()
+            locs = written_locs(build_host_plan(scheduled, DIRECT, rank))
             assert all(owner_of_loc(loc, page_size, cp_size) == rank for loc in locs)
             written += locs
-        assert sorted(written) == sorted(current)
+        assert sorted(written) == sorted(current_locs(scheduled))
 
 
 def test_direct_write_refuses_a_foreign_page() -> None:
+    scheduler = Scheduler(64, 4, 2)
+    dealt = scheduler.schedule(BatchSpec(0, (RequestSpec("a", 0, 30),)), OwnerPolicy.DEALT)
     with pytest.raises(RuntimeError, match="does not own"):
-        build_write_plan(KvWriteStrategy.COMPUTE_OWNER_DIRECT, [0, 1, 4], [2], 0, 2, 4)
+        build_host_plan(dealt, DIRECT, 0)
 
 
 def test_local_queries_follow_real_segment_lengths() -> None:
@@ -83,36 +101,34 @@ def test_local_queries_follow_real_segment_lengths() -> None:
     segments, never half of the rank's tokens."""
     cp_size, page_size = 2, 4
     batch = BatchSpec(0, (RequestSpec("a", 0, 31), RequestSpec("b", 0, 17)))
-    allocator = PageAllocator(64, page_size, cp_size)
-    split = build_batch_split(SplitStrategy.PAGE_ALIGNED_ZIGZAG, batch, cp_size, page_size)
-    allocate_batch(allocator, batch, DIRECT)
-    tokens = [[0] * r.extend_len for r in batch.requests]
+    scheduled = Scheduler(64, page_size, cp_size).schedule(batch, OwnerPolicy.COMPUTE_OWNER)
+    split = build_page_aligned_zigzag_split([31, 17], [0, 0], cp_size, page_size)
     unequal = False
     for rank in range(cp_size):
-        layout = build_layout(batch, DIRECT, split, rank, tokens, allocator)
-        for index, rows in enumerate(layout.requests):
-            first, second = local_pair_lengths(split, rank, index)
+        host = build_host_plan(scheduled, DIRECT, rank)
+        for req in host.attended:
+            first, second = local_pair_lengths(split, rank, req.index)
             unequal |= first != second
-            assert rows.local_rows.numel() == first + second
+            assert req.row_end - req.row_start == first + second
     assert unequal
 
 
 def test_phase5_follows_its_own_earlier_chunk_but_not_a_foreign_page() -> None:
     """A chunk resuming mid-page may write directly only if the page is on its compute
-    owner: true after a phase-5 chunk, false after a balanced (phase 2) one."""
+    owner: true after a compute-owner chunk, false after a dealt (phase 2) one."""
     deploy = DeploymentConfig(cp_size=2, page_size=4)
-    enabled = frozenset(PhaseId)
     first = BatchSpec(0, (RequestSpec("a", 0, 30),))
     second = BatchSpec(1, (RequestSpec("a", 30, 30),))
-    gate = Gate(enabled, deploy)
-    for plan_first, want in ((DIRECT, 5), (gate.plan(first).plan, 5)):
-        allocator = PageAllocator(64, 4, 2)
-        allocate_batch(allocator, first, plan_first)
-        assert gate.plan(with_first_page_owners(second, allocator)).phase == want
-    balanced = dataclasses.replace(DIRECT, kv_write=KvWriteStrategy.OWNER_FILTERED)
-    allocator = PageAllocator(64, 4, 2)
-    allocate_batch(allocator, first, balanced)  # 8 pages dealt 0,1,0,...: page 7 on rank 1
-    plan = gate.plan(with_first_page_owners(second, allocator))
+    gate = Gate(frozenset(PhaseId), deploy)
+    scheduler = Scheduler(64, 4, 2)
+    assert gate.decide(scheduler.schedule(first, gate.owner_policy())).phase == 5
+    assert gate.decide(scheduler.schedule(second, gate.owner_policy())).phase == 5
+    scheduler = Scheduler(64, 4, 2)
+    scheduler.schedule(first, OwnerPolicy.DEALT)  # 8 pages dealt 0,1,0,...: page 7 on rank 1
+    plan = gate.decide(scheduler.schedule(second, gate.owner_policy()))
     assert plan.phase == 4
-    assert plan.decisions[4].reasons == ("OWNER_MISMATCH rid=a page=7 owner=1 compute_owner=0",)
+    assert [str(r) for r in plan.decisions[4].reasons] == [
+        "OWNER_MISMATCH rid=a page=7 owner=1 compute_owner=0"
+    ]
     assert request_pages(30, 30, 4) == 8
+    assert plan.plan.split is SplitStrategy.PAGE_ALIGNED_ZIGZAG

@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
+
 import pytest
 import torch
 
 from cpkv.runner import Backend
 from cpkv.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
-from cpkv_core.planning.batch import BatchSpec
-from cpkv_core.runtime import layout as layout_mod
-from cpkv_core.traces.trace import load_trace, parse_trace_text
-from phases.gate import BatchPlan, level_plans, levels_of
+from cpkv_core.planning import BatchSpec, Scheduler
+from cpkv_core.runtime import ReferenceModel
+from cpkv_core.runtime import engine as engine_mod
+from cpkv_core.runtime.device_plan import BatchTensors, expand
+from cpkv_core.traces import load_trace, parse_trace_text
+from phases import PhaseId, levels_of
 from phases.registry import REGISTERED_PHASES
 from tests.conftest import DATA, make_deploy, mixed_trace
 
 TINY = model_preset("tiny")
+ALL = frozenset(REGISTERED_PHASES)
 
 
-def baseline(
-    batches: tuple[BatchSpec, ...], deploy: DeploymentConfig
-) -> dict[int, tuple[BatchPlan, ...]]:
-    return {0: level_plans(0, frozenset(), deploy, batches)}
+def verify(
+    deploy: DeploymentConfig,
+    batches: tuple[BatchSpec, ...],
+    levels: Sequence[int] = (0,),
+    enabled: frozenset[PhaseId] = ALL,
+) -> VerifyReport:
+    return verify_levels(TINY, deploy, batches, levels, enabled, Backend.LOCAL)
 
 
 def assert_every_level_matches(report: VerifyReport, num_batches: int) -> None:
@@ -39,9 +48,7 @@ def test_long_requests_take_phase_5_and_match_reference_bitwise(
 ) -> None:
     deploy = make_deploy(cp_size, page_size)
     batches = load_trace(DATA / "long.jsonl", page_size).batches
-    enabled = frozenset(REGISTERED_PHASES)
-    levels = {lv: level_plans(lv, enabled, deploy, batches) for lv in levels_of(enabled)}
-    report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL)
+    report = verify(deploy, batches, levels_of(ALL))
     assert_every_level_matches(report, len(batches))
     top = report.levels[-1]
     assert 5 in [row.batch_plan.phase for row in top.rows]
@@ -61,16 +68,14 @@ def test_levels_0_to_3_match_reference_bitwise(
     batches = mixed_trace(page_size).batches
     # NOTE: phases 4 and 5 fall back on every batch of this trace (each has a short
     # request); the long-request grid above covers levels 4 and 5.
-    enabled = frozenset(REGISTERED_PHASES)
-    levels = {lv: level_plans(lv, enabled, deploy, batches) for lv in range(4)}
-    report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL)
+    report = verify(deploy, batches, range(4))
     assert_every_level_matches(report, len(batches))
 
 
 def test_phase0_matches_reference_with_fp32_index_keys() -> None:
     deploy = make_deploy(3, 4, CpMode.ROUND_ROBIN_SPLIT, IndexKDtype.FP32)
     batches = mixed_trace(4).batches
-    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
+    report = verify(deploy, batches)
     assert report.ok
     assert report.levels[0].max_abs_diff == 0.0
 
@@ -80,29 +85,25 @@ def test_topk_is_selective_on_long_requests() -> None:
     deploy = make_deploy(2, 4)
     text = '{"batch": 0, "requests": [{"rid": "a", "prefix_len": 0, "extend_len": 64}]}'
     batches = parse_trace_text(text, 4).batches
-    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
-    assert report.ok
-    from cpkv.runner import RankJob, run_reference
-
-    job = RankJob(TINY, deploy, batches, (), num_pages=32)
-    topk = run_reference(job)[0].requests[0].topk  # [layers, 64, topk]
+    assert verify(deploy, batches).ok
+    scheduled = Scheduler(32, 4).schedule(batches[0])
+    topk = ReferenceModel(TINY, 32, 4).run_batch(scheduled).requests[0].topk  # [layers, 64, k]
     last = topk[0, -1]
     assert (last >= 0).all() and last.tolist() != list(range(TINY.index_topk))
     assert torch.equal(topk[0, 0], torch.tensor([0] + [-1] * (TINY.index_topk - 1)))
 
 
 def test_verify_detects_a_stale_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A read plan that points a request's newest key at its oldest must fail verification."""
-    original = layout_mod.build_read_plan
+    """Key rows shifted by one (each position reads its neighbour's key) must fail."""
 
-    def stale_last_key(*args, **kwargs):  # type: ignore[no-untyped-def]
-        plan, key_rows = original(*args, **kwargs)
-        return plan, [rows[:-1] + rows[:1] for rows in key_rows]
+    def shifted_keys(*args, **kwargs) -> BatchTensors:  # type: ignore[no-untyped-def]
+        tensors = expand(*args, **kwargs)
+        return dataclasses.replace(tensors, key_rows=tensors.key_rows.roll(1))
 
-    monkeypatch.setattr(layout_mod, "build_read_plan", stale_last_key)
+    monkeypatch.setattr(engine_mod, "expand", shifted_keys)
     deploy = make_deploy(2, 4)
     batches = mixed_trace(4).batches
-    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
+    report = verify(deploy, batches)
     assert not report.ok
     assert report.levels[0].max_abs_diff > 0.0
 
@@ -110,7 +111,7 @@ def test_verify_detects_a_stale_key(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_gathered_bytes_count_current_kv_and_tail_exactly() -> None:
     deploy = make_deploy(4, 4)
     batches = mixed_trace(4).batches
-    report = verify_levels(TINY, deploy, batches, baseline(batches, deploy), Backend.LOCAL)
+    report = verify(deploy, batches)
     first = report.levels[0].rows[0]
     # Batch 0: a=37, b=3, c=1 tokens; zigzag over 8 blocks gives ranks 6/6/... tokens.
     from cpkv_core.planning.split import build_zigzag_split

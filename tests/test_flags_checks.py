@@ -15,6 +15,7 @@ from cpkv_core.config import (
 )
 from flags import FlagError, FlagSet, ProblemCode, check_flags, debug_benchmark_warning
 from phases import PhaseId
+from phases.reasons import Reason, ReasonCode
 
 
 def make_flags(phases: tuple[int, ...] = (), cp: bool = True, **overrides: Any) -> FlagSet:
@@ -45,12 +46,18 @@ def test_all_phases_in_seq_split_no_pd_have_no_problems() -> None:
 
 def test_rejects_page_aligned_split_with_round_robin() -> None:
     found = texts(make_flags((2, 4), nsa_prefill_cp_mode=CpMode.ROUND_ROBIN_SPLIT))
-    assert found == ["PAGE_ALIGNED_WITH_ROUND_ROBIN phase=4 nsa_prefill_cp_mode=round-robin-split"]
+    assert found == [
+        "STARTUP_CONTRACT phase=4 nsa_prefill_cp_mode=round-robin-split needs in-seq-split "
+        "(zigzag): round-robin has no segments to align"
+    ]
 
 
 def test_rejects_shared_kv_with_cp_decode_side() -> None:
     found = texts(make_flags((2,), disaggregation_decode_cp_size=2))
-    assert found == ["SHARED_KV_WITH_CP_DECODE phase=2 disaggregation_decode_cp_size=2"]
+    assert found == [
+        "STARTUP_CONTRACT phase=2 disaggregation_decode_cp_size=2 needs a non-CP decode server "
+        "(1): it rebuilds the full layout from owned pages"
+    ]
 
 
 def test_rejects_shared_kv_with_non_mooncake_backend_under_pd() -> None:
@@ -61,7 +68,10 @@ def test_rejects_shared_kv_with_non_mooncake_backend_under_pd() -> None:
             disaggregation_transfer_backend=TransferBackend.NIXL,
         )
     )
-    assert found == ["SHARED_KV_WITH_BACKEND phase=2 disaggregation_transfer_backend=nixl"]
+    assert found == [
+        "STARTUP_CONTRACT phase=2 disaggregation_transfer_backend=nixl needs Mooncake "
+        "(owned-page transfer with logical positions) or no PD"
+    ]
 
 
 def test_allows_any_backend_without_pd() -> None:
@@ -126,8 +136,7 @@ def test_collects_every_problem_at_once() -> None:
         ProblemCode.PHASE_WITHOUT_CP,
         ProblemCode.NEEDS_DISABLED,
         ProblemCode.NEEDS_DISABLED,
-        ProblemCode.PAGE_ALIGNED_WITH_ROUND_ROBIN,
-    ]
+    ]  # NOTE: phase contracts need valid sizes first; the test below covers them.
 
 
 def test_every_problem_carries_a_hint_and_json() -> None:
@@ -139,13 +148,17 @@ def test_every_problem_carries_a_hint_and_json() -> None:
 def test_merges_phase_startup_contract_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[frozenset[PhaseId], DeploymentConfig]] = []
 
-    def fake(enabled: frozenset[PhaseId], deploy: DeploymentConfig) -> dict[PhaseId, list[str]]:
+    def fake(enabled: frozenset[PhaseId], deploy: DeploymentConfig) -> dict[PhaseId, list[Reason]]:
         seen.append((enabled, deploy))
-        return {PhaseId.SHARDED_KV: ["STARTUP_CONTRACT cp_size=4: not a power of two"]}
+        rule = "needs a power of two"
+        return {PhaseId.SHARDED_KV: [Reason(ReasonCode.STARTUP_CONTRACT, (("cp_size", 4),), rule)]}
 
     monkeypatch.setattr(flags.checks, "startup_problems", fake)
-    found = texts(make_flags((2,)))
-    assert found == ["STARTUP_CONTRACT phase=2 cp_size=4: not a power of two"]
+    found = check_flags(make_flags((2,)))
+    assert [str(p) for p in found] == [
+        "STARTUP_CONTRACT phase=2 attn_cp_size=4 needs a power of two"
+    ]
+    assert found[0].hint == ("phase 2 needs a power of two: change --attn-cp-size, or turn it off")
     assert seen == [(frozenset({PhaseId.SHARDED_KV}), make_flags((2,)).deployment())]
 
 

@@ -103,7 +103,7 @@ def test_flags_from_sglang_shows_flags_ignored_args_and_problems(app: typer.Type
     assert doc["enabled_phases"] == [4]
     assert [p["code"] for p in doc["problems"]] == [
         "NEEDS_DISABLED",
-        "PAGE_ALIGNED_WITH_ROUND_ROBIN",
+        "STARTUP_CONTRACT",
     ]
 
 

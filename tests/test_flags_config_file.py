@@ -68,7 +68,8 @@ def test_enable_refuses_page_aligned_split_with_round_robin(config: Path) -> Non
     before = config.read_bytes()
     change = enable(config, PhaseId.PAGE_ALIGNED_SPLIT, with_needs=True)
     assert change.reasons == (
-        "PAGE_ALIGNED_WITH_ROUND_ROBIN phase=4 nsa_prefill_cp_mode=round-robin-split",
+        "STARTUP_CONTRACT phase=4 nsa_prefill_cp_mode=round-robin-split needs in-seq-split "
+        "(zigzag): round-robin has no segments to align",
     )
     assert config.read_bytes() == before
 

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel, ConfigDict
 
 from cpkv_core.config import CpMode, DeploymentConfig
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
-from cpkv_core.planning.execution import ExecutionPlan, OutputStrategy
-from phases.gate import Gate, level_plans, levels_of
+from cpkv_core.planning import (
+    BatchSpec,
+    ExecutionPlan,
+    OutputStrategy,
+    OwnerPolicy,
+    RequestSpec,
+    ScheduledBatch,
+    Scheduler,
+)
+from phases import Gate, StartupContract, levels_of
 from phases.ids import PHASE_NEEDS, PhaseId, closure_of_needs, parse_phase_list
 from phases.reasons import Reason, ReasonCode
 from phases.registry import REGISTERED_PHASES
@@ -19,8 +26,8 @@ from phases.registry import REGISTERED_PHASES
 DEPLOY = DeploymentConfig(cp_size=4, page_size=4)
 
 
-class AnyDeployment(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class AnyDeployment(StartupContract):
+    """Holds for every deployment."""
 
 
 @dataclasses.dataclass
@@ -30,22 +37,32 @@ class FakePhase:
     id: PhaseId
     refuse: frozenset[int]
     needs: tuple[PhaseId, ...] = ()
-    startup_contract: type[BaseModel] = AnyDeployment
+    startup_contract: ClassVar[type[StartupContract]] = AnyDeployment
     summary: str = "fake"
 
     def __post_init__(self) -> None:
         self.needs = PHASE_NEEDS[self.id]
 
-    def check_batch(self, batch: BatchSpec, deploy: DeploymentConfig) -> list[Reason]:
-        return [Reason(ReasonCode.HAS_HISTORY, "fake")] if batch.batch in self.refuse else []
+    def check_batch(self, batch: ScheduledBatch, deploy: DeploymentConfig) -> list[Reason]:
+        refused = batch.batch in self.refuse
+        return [Reason(ReasonCode.HAS_HISTORY, (("fake", 1),))] if refused else []
 
     def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:
         return plan
 
 
-def make_batch(batch: int = 0, **request: object) -> BatchSpec:
+def schedule(batch: BatchSpec, policy: OwnerPolicy = OwnerPolicy.DEALT) -> ScheduledBatch:
+    """``batch`` scheduled on a fresh scheduler for ``DEPLOY`` (requests must be new)."""
+    return Scheduler(256, DEPLOY.page_size, DEPLOY.cp_size).schedule(batch, policy)
+
+
+def make_batch(batch: int = 0, **request: object) -> ScheduledBatch:
     fields: dict[str, object] = {"rid": "a", "prefix_len": 0, "extend_len": 16} | request
-    return BatchSpec(batch, (RequestSpec(**fields),))  # type: ignore[arg-type]
+    return schedule(BatchSpec(batch, (RequestSpec(**fields),)))  # type: ignore[arg-type]
+
+
+def texts(reasons: tuple[Reason, ...]) -> tuple[str, ...]:
+    return tuple(str(r) for r in reasons)
 
 
 @settings(max_examples=200, deadline=None)
@@ -59,7 +76,7 @@ def test_gate_respects_needs_and_picks_the_highest_active(
     enabled: frozenset[PhaseId], refusals: list[frozenset[int]], ceiling: int | None, batch: int
 ) -> None:
     registry = {pid: FakePhase(pid, refusals[pid - 1]) for pid in PhaseId}
-    plan = Gate(enabled, DEPLOY, ceiling, registry).plan(make_batch(batch))
+    plan = Gate(enabled, DEPLOY, ceiling, registry).decide(make_batch(batch))
     active = {d.phase for d in plan.decisions if d.active}
     assert [d.phase for d in plan.decisions] == list(PhaseId)
     for decision in plan.decisions:
@@ -82,9 +99,17 @@ def test_every_reason_is_collected_not_the_first() -> None:
         ),
         spec="EAGLE",
     )
-    decision = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY).plan(batch).decisions[0]
+    decision = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY).decide(schedule(batch))
+    decision = decision.decisions[0]
     assert not decision.active
-    assert decision.reasons == (
+    assert [r.code for r in decision.reasons] == [
+        ReasonCode.SPEC_DECODE,
+        ReasonCode.RETURN_LOGPROB,
+        ReasonCode.RETURN_LOGPROB,
+        ReasonCode.CAPTURE_HIDDEN,
+    ]
+    assert decision.reasons[1].values == (("rid", "a"),)
+    assert texts(decision.reasons) == (
         "SPEC_DECODE spec=EAGLE",
         "RETURN_LOGPROB rid=a",
         "RETURN_LOGPROB rid=b",
@@ -93,31 +118,59 @@ def test_every_reason_is_collected_not_the_first() -> None:
 
 
 def test_allows_narrow_output_for_a_plain_batch() -> None:
-    plan = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY).plan(make_batch())
+    plan = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY).decide(make_batch())
     assert plan.phase == 1
     assert plan.plan.output is OutputStrategy.NARROW_LAST_TOKEN
 
 
 def test_disabled_phase_keeps_the_full_gather() -> None:
-    plan = Gate(frozenset(), DEPLOY).plan(make_batch())
+    plan = Gate(frozenset(), DEPLOY).decide(make_batch())
     assert plan.phase == 0
     assert plan.plan == ExecutionPlan.baseline(CpMode.IN_SEQ_SPLIT)
-    assert plan.decisions[0].reasons == ("DISABLED",)
+    assert texts(plan.decisions[0].reasons) == ("DISABLED",)
+    assert plan.decisions[0].disabled
 
 
 def test_ceiling_is_a_kill_switch() -> None:
-    plan = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY, ceiling=0).plan(make_batch())
+    plan = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY, ceiling=0).decide(make_batch())
     assert plan.phase == 0
-    assert plan.decisions[0].reasons == ("CEILING max_phase=0",)
+    assert texts(plan.decisions[0].reasons) == ("CEILING max_phase=0",)
+
+
+def test_a_tripped_kill_switch_acts_on_the_next_batch() -> None:
+    gate = Gate(frozenset(PhaseId), DEPLOY)
+    scheduler = Scheduler(256, DEPLOY.page_size, DEPLOY.cp_size)
+
+    def next_batch(index: int) -> ScheduledBatch:
+        batch = BatchSpec(index, (RequestSpec(f"r{index}", 0, 64),))
+        return scheduler.schedule(batch, gate.owner_policy())
+
+    assert gate.decide(next_batch(0)).phase == 5
+    gate.kill(PhaseId.PAGE_ALIGNED_SPLIT, (("batch", 0), ("max_diff", "0.5")))
+    after = gate.decide(next_batch(1))
+    assert after.phase == 3
+    assert texts(after.decisions[3].reasons) == ("KILLED batch=0 max_diff=0.5",)
+    assert texts(after.decisions[4].reasons) == ("NEEDS_INACTIVE phase=4", "NOT_OWNER_ALLOCATED")
+    assert gate.owner_policy() is OwnerPolicy.DEALT
+
+
+def test_owner_policy_follows_what_could_take_phase_5() -> None:
+    assert Gate(frozenset(PhaseId), DEPLOY).owner_policy() is OwnerPolicy.COMPUTE_OWNER
+    assert Gate(frozenset(PhaseId), DEPLOY, ceiling=4).owner_policy() is OwnerPolicy.DEALT
+    round_robin = DeploymentConfig(cp_size=4, page_size=4, cp_mode=CpMode.ROUND_ROBIN_SPLIT)
+    assert Gate(frozenset(PhaseId), round_robin).owner_policy() is OwnerPolicy.DEALT
+
+
+def test_phase_5_names_a_batch_whose_pages_were_dealt() -> None:
+    batch = schedule(BatchSpec(0, (RequestSpec("a", 0, 64),)), OwnerPolicy.DEALT)
+    plan = Gate(frozenset(PhaseId), DEPLOY).decide(batch)
+    assert plan.phase == 4
+    assert texts(plan.decisions[4].reasons) == ("NOT_OWNER_ALLOCATED",)
 
 
 def test_levels_cover_zero_to_the_highest_enabled_phase() -> None:
     assert levels_of(frozenset()) == (0,)
     assert levels_of(frozenset({PhaseId.NARROW_OUTPUT})) == (0, 1)
-    batches = [make_batch(0), make_batch(1, rid="b", return_logprob=True)]
-    enabled = frozenset({PhaseId.NARROW_OUTPUT})
-    assert [p.phase for p in level_plans(0, enabled, DEPLOY, batches)] == [0, 0]
-    assert [p.phase for p in level_plans(1, enabled, DEPLOY, batches)] == [1, 0]
 
 
 def test_parses_phase_lists() -> None:
@@ -137,6 +190,6 @@ def test_an_enabled_phase_without_mechanics_is_unavailable_not_stubbed() -> None
     registry = {
         pid: phase for pid, phase in REGISTERED_PHASES.items() if pid != PhaseId.COMPUTE_OWNER_WRITE
     }
-    plan = Gate(frozenset(PhaseId), DEPLOY, registry=registry).plan(make_batch(extend_len=64))
+    plan = Gate(frozenset(PhaseId), DEPLOY, registry=registry).decide(make_batch(extend_len=64))
     assert plan.phase == 4
-    assert plan.decisions[4].reasons == ("UNAVAILABLE",)
+    assert texts(plan.decisions[4].reasons) == ("UNAVAILABLE",)

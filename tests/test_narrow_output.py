@@ -11,7 +11,6 @@ from cpkv_core.config import CpMode, model_preset
 from cpkv_core.planning.execution import OutputStrategy
 from cpkv_core.planning.split import build_split
 from cpkv_core.traces.trace import load_trace
-from phases.gate import level_plans
 from phases.ids import PhaseId
 from tests.conftest import DATA, make_deploy
 
@@ -26,8 +25,7 @@ def test_narrow_output_matches_reference_and_counts_tail_bytes(
 ) -> None:
     deploy = make_deploy(cp_size, 4, cp_mode)
     batches = load_trace(DATA / "narrow.jsonl", 4).batches
-    levels = {lv: level_plans(lv, NARROW, deploy, batches) for lv in (0, 1)}
-    report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL)
+    report = verify_levels(TINY, deploy, batches, (0, 1), NARROW, Backend.LOCAL)
     assert report.ok
     assert report.levels[1].max_abs_diff == 0.0
     for row, batch in zip(report.levels[1].rows, batches, strict=True):

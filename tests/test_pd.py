@@ -16,7 +16,6 @@ from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Fail
 from cpkv_core.planning.ownership import owner_of_page
 from cpkv_core.runtime.kv_pool import kv_bytes_per_page
 from cpkv_core.traces.trace import load_trace
-from phases.gate import level_plans
 from phases.ids import PhaseId
 from tests.conftest import DATA, make_deploy
 
@@ -27,8 +26,7 @@ ALL = frozenset(PhaseId)
 def pd_job(trace: str, cp_size: int, levels: tuple[int, ...], page_size: int = 4) -> PdJob:
     deploy = make_deploy(cp_size, page_size)
     batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
-    plans = tuple(tuple(p.plan for p in level_plans(lv, ALL, deploy, batches)) for lv in levels)
-    return PdJob(deploy, batches, levels, plans)
+    return PdJob(deploy, batches, levels, ALL)
 
 
 @settings(max_examples=100, deadline=None)
@@ -135,17 +133,17 @@ def test_failed_attempt_pages_stay_quarantined_until_every_sender_settled() -> N
     try:
         first = server._on_alloc(Alloc("r", 0, 10, 3, senders=2))
         assert isinstance(first, AllocReply)
-        free_before = server.model.allocator.num_free_pages
+        free_before = server.scheduler.allocator.num_free_pages
         server._on_fail(Fail("r", 0, 0, "write rejected"))
-        assert server.model.allocator.num_free_pages == free_before  # rank 1 may still write
+        assert server.scheduler.allocator.num_free_pages == free_before  # rank 1 may still write
         retry = server._on_alloc(Alloc("r", 1, 10, 3, senders=2))
         assert isinstance(retry, AllocReply)
         assert set(retry.page_table).isdisjoint(first.page_table)
         verdict = server._on_await(Await("r", 0, 1))  # rank 1 is done with attempt 0
         assert not verdict.ready
-        assert server.model.allocator.num_free_pages == free_before - len(retry.page_table) + len(
-            first.page_table
-        )
+        assert server.scheduler.allocator.num_free_pages == free_before - len(
+            retry.page_table
+        ) + len(first.page_table)
     finally:
         server.transport.close()
         server.listener.close()

@@ -1,26 +1,44 @@
 """Phase 2/3 mechanics: shards partition the replicated pool, views equal replicated reads,
-the run steps have no data-dependent shapes, debug checks fire, and real gloo ranks agree."""
+the run step needs no value and no other device, debug checks fire, and real gloo ranks
+agree."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
+import numpy as np
 import pytest
 import torch
 
+from cpkv.dry_run import MetaGuard
+from cpkv.loop import HostLoop, LoopStep
 from cpkv.runner import Backend, RankJob, run_jobs_on_gloo, run_reference
 from cpkv.verify import verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
-from cpkv_core.dist.comm import Communicator
-from cpkv_core.dist.local_group import LocalGroup, run_local
-from cpkv_core.planning.allocation import pages_for_trace
-from cpkv_core.planning.execution import ExecutionPlan, KvLayout, KvReadStrategy
-from cpkv_core.planning.ownership import owner_of_page, physical_loc
-from cpkv_core.runtime.engine import CPEngine
-from cpkv_core.runtime.kv_access import key_source, materialize, write_current
-from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
-from cpkv_core.runtime.layout import KeySource, ReadPlan, WritePlan, build_read_plan
-from cpkv_core.runtime.outputs import compare_batch
-from cpkv_core.traces.trace import load_trace
-from phases.gate import level_plans, levels_of
+from cpkv_core.dist import Communicator, LocalGroup, run_local
+from cpkv_core.planning import (
+    BatchSpec,
+    ExecutionPlan,
+    KvLayout,
+    KvReadStrategy,
+    KvWriteStrategy,
+    OutputStrategy,
+    OwnerPolicy,
+    RequestSpec,
+    ScheduledBatch,
+    Scheduler,
+    SplitStrategy,
+    build_host_plan,
+    owner_of_page,
+    pages_for_trace,
+    physical_loc,
+)
+from cpkv_core.runtime import CPEngine, KVRows, PagedKVPool, compare_batch, expand, materialize
+from cpkv_core.runtime import engine as engine_mod
+from cpkv_core.runtime.device_plan import BatchTensors, upload
+from cpkv_core.traces import load_trace
+from phases import level_enabled, levels_of
 from phases.registry import REGISTERED_PHASES
 from tests.conftest import DATA, make_deploy, mixed_trace
 
@@ -28,21 +46,35 @@ TINY = model_preset("tiny")
 ALL = frozenset(REGISTERED_PHASES)
 
 
-def run_engines(deploy: DeploymentConfig, level: int, debug_checks: bool = False) -> list[CPEngine]:
-    """Runs the mixed trace at ``level`` on the in-process group; returns every rank's engine."""
+def loop_steps(
+    deploy: DeploymentConfig, level: int, batches: tuple[BatchSpec, ...]
+) -> list[LoopStep]:
+    """The runtime loop's steps for ``batches`` at ``level``, made on the host."""
+    pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
+    loop = HostLoop(deploy, level_enabled(level, ALL), pages)
+    return [loop.step(batch) for batch in batches]
+
+
+def run_engines(
+    deploy: DeploymentConfig, level: int, debug_checks: bool = False
+) -> tuple[list[CPEngine], list[LoopStep]]:
+    """Runs the mixed trace at ``level`` on the in-process group; every rank's engine."""
     batches = mixed_trace(deploy.page_size).batches
-    plans = [p.plan for p in level_plans(level, ALL, deploy, batches)]
+    steps = loop_steps(deploy, level, batches)
     num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
+    layout = steps[0].decision.plan.kv_layout
 
     def body(comm: Communicator) -> CPEngine:
-        engine = CPEngine(
-            TINY, deploy, comm, num_pages, plans[0].kv_layout, debug_checks=debug_checks
-        )
-        for batch, plan in zip(batches, plans, strict=True):
-            engine.run_batch(batch, plan)
+        engine = CPEngine(TINY, deploy, comm, num_pages, layout, debug_checks=debug_checks)
+        for step in steps:
+            engine.run_batch(step.scheduled, step.decision.plan)
         return engine
 
-    return run_local(deploy.cp_size, body)
+    return run_local(deploy.cp_size, body), steps
+
+
+def pages_in_use(steps: list[LoopStep]) -> set[int]:
+    return {int(p) for s in steps for r in s.scheduled.requests for p in r.page_table}
 
 
 def page_bytes(pool: PagedKVPool, layer: int, row: int) -> bytes:
@@ -57,10 +89,10 @@ def test_union_of_shards_equals_the_replicated_pool_byte_for_byte(
     cp_size: int, page_size: int, cp_mode: CpMode
 ) -> None:
     deploy = make_deploy(cp_size, page_size, cp_mode)
-    replicated = run_engines(deploy, level=0)
-    sharded = run_engines(deploy, level=2)
-    in_use = replicated[0].allocator.pages_in_use
-    assert in_use == sharded[0].allocator.pages_in_use
+    replicated, steps0 = run_engines(deploy, level=0)
+    sharded, steps2 = run_engines(deploy, level=2)
+    in_use = pages_in_use(steps0)
+    assert in_use == pages_in_use(steps2)
     for page in sorted(in_use):
         owner = owner_of_page(page, cp_size)
         for layer in range(TINY.num_layers):
@@ -69,9 +101,14 @@ def test_union_of_shards_equals_the_replicated_pool_byte_for_byte(
                 sharded[owner].pool, layer, physical_loc(page * page_size, page_size, cp_size)
             )
             assert got == want, (page, owner, layer)
-    stored = [engine.stored_pages() for engine in sharded]
-    assert sum(stored) == len(in_use)
+    assert sum(engine.stored_pages for engine in sharded) == len(in_use)
+    assert replicated[0].stored_pages == len(in_use)
     assert sharded[0].pool.num_pages * cp_size < replicated[0].pool.num_pages + cp_size
+
+
+def entry_slices(batch: ScheduledBatch) -> list[slice]:
+    starts = np.cumsum([0, *(len(r.page_table) for r in batch.requests)])
+    return [slice(int(a), int(b)) for a, b in itertools.pairwise(starts)]
 
 
 @pytest.mark.parametrize(
@@ -79,20 +116,28 @@ def test_union_of_shards_equals_the_replicated_pool_byte_for_byte(
 )
 def test_materialized_view_equals_the_replicated_view(strategy: KvReadStrategy) -> None:
     deploy = make_deploy(3, 4)
-    replicated = run_engines(deploy, level=0)
-    sharded = run_engines(deploy, level=2)
-    batch = mixed_trace(4).batches[2]  # continuations and a prefix hit: history on every request
-    allocator = sharded[0].allocator
+    replicated, _ = run_engines(deploy, level=0)
+    sharded, steps = run_engines(deploy, level=2)
+    batch = steps[2].scheduled  # continuations and a prefix hit: history on every request
+    plan = dataclasses.replace(steps[2].decision.plan, kv_read=strategy)
 
     def body(comm: Communicator) -> list[KVRows]:
-        plan, key_rows = build_read_plan(strategy, batch, allocator, comm.rank, 3)
-        assert plan.send_rows is not None
-        view = materialize(comm, sharded[comm.rank].pool.layers[1], plan.send_rows)
-        return [view.select(torch.tensor(rows)) for rows in key_rows]
+        host = build_host_plan(batch, plan, comm.rank)
+        tensors = expand(host, upload(host, torch.device("cpu")), TINY.vocab_size)
+        view = materialize(comm, sharded[comm.rank].pool.layers[1], tensors.send_rows)
+        assert host.view is not None
+        rows = [
+            host.view.key_rows(entries, req.seq_len)
+            for entries, req in zip(entry_slices(batch), batch.requests, strict=True)
+        ]
+        return [view.select(torch.from_numpy(r)) for r in rows]
 
     views = run_local(3, body)
     for req_index, req in enumerate(batch.requests):
-        want = replicated[0].pool.read(1, torch.tensor(allocator.req_to_token(req.rid)))
+        table = torch.tensor(req.page_table)
+        positions = torch.arange(req.seq_len)
+        locs = table[positions // 4] * 4 + positions % 4
+        want = replicated[0].pool.read(1, locs)
         for rank_views in views:
             got = rank_views[req_index]
             assert torch.equal(got.latent, want.latent)
@@ -101,65 +146,107 @@ def test_materialized_view_equals_the_replicated_view(strategy: KvReadStrategy) 
 
 
 def test_unique_remap_moves_fewer_bytes_with_shared_prefixes() -> None:
-    deploy = make_deploy(2, 4)
-    batch = mixed_trace(4).batches[2]
-    engine = run_engines(deploy, level=2)[0]
-    slot, _ = build_read_plan(KvReadStrategy.MATERIALIZED_SLOT, batch, engine.allocator, 0, 2)
-    unique, _ = build_read_plan(KvReadStrategy.MATERIALIZED_UNIQUE, batch, engine.allocator, 0, 2)
-    assert slot.view is not None and unique.view is not None
-    assert unique.view.view_tokens < slot.view.view_tokens
+    steps = loop_steps(make_deploy(2, 4), 2, mixed_trace(4).batches)
+    batch, plan = steps[2].scheduled, steps[2].decision.plan
+    views = {}
+    for strategy in (KvReadStrategy.MATERIALIZED_SLOT, KvReadStrategy.MATERIALIZED_UNIQUE):
+        view = build_host_plan(batch, dataclasses.replace(plan, kv_read=strategy), 0).view
+        assert view is not None
+        views[strategy] = view.view_tokens
+    assert views[KvReadStrategy.MATERIALIZED_UNIQUE] < views[KvReadStrategy.MATERIALIZED_SLOT]
 
 
-def test_hot_path_runs_on_the_meta_device() -> None:
-    """No .item(), .tolist(), nonzero, boolean masks or unique: meta tensors have no values."""
+def _valid_plans() -> list[ExecutionPlan]:
+    """Every strategy combination the engine executes (reads agree with the layout)."""
+    reads = {
+        KvWriteStrategy.REPLICATED: [KvReadStrategy.LOCAL_POOL],
+        KvWriteStrategy.OWNER_FILTERED: [
+            KvReadStrategy.MATERIALIZED_SLOT,
+            KvReadStrategy.MATERIALIZED_UNIQUE,
+            KvReadStrategy.CURRENT_REUSE,
+        ],
+    }
+    reads[KvWriteStrategy.COMPUTE_OWNER_DIRECT] = reads[KvWriteStrategy.OWNER_FILTERED]
+    plans = []
+    for split, write, output in itertools.product(SplitStrategy, KvWriteStrategy, OutputStrategy):
+        if write is KvWriteStrategy.COMPUTE_OWNER_DIRECT and split is not (
+            SplitStrategy.PAGE_ALIGNED_ZIGZAG
+        ):
+            continue
+        plans += [ExecutionPlan(split, write, read, output) for read in reads[write]]
+    return plans
+
+
+@pytest.mark.parametrize(
+    "plan", _valid_plans(), ids=lambda p: f"{p.split}/{p.kv_write}/{p.kv_read}/{p.output}"
+)
+def test_run_batch_runs_every_strategy_on_meta_with_no_host_value(plan: ExecutionPlan) -> None:
+    """The engine's own host plan, one copy to ``meta``, then the whole step on shapes: no
+    op reads a value (meta has none) and no op gets a host tensor (the guard)."""
+    cp_size, page_size = 2, 4
+    deploy = make_deploy(cp_size, page_size)
+    batches = [
+        BatchSpec(0, (RequestSpec("a", 0, 40), RequestSpec("b", 0, 17))),
+        BatchSpec(1, (RequestSpec("a", 40, 33), RequestSpec("c", 16, 20, prefix_from="b"))),
+    ]
+    if plan.kv_read is KvReadStrategy.CURRENT_REUSE:
+        batches = batches[:1]
+    scheduler = Scheduler(pages_for_trace(batches, page_size, cp_size), page_size, cp_size)
+    scheduled = [scheduler.schedule(b, OwnerPolicy.COMPUTE_OWNER) for b in batches]
     meta = torch.device("meta")
-    pool = PagedKVPool(
-        TINY, num_pages=8, page_size=4, dtype=make_deploy().index_k_dtype, device=meta
+
+    def body(comm: Communicator) -> list[tuple[int, ...]]:
+        engine = CPEngine(TINY, deploy, comm, 64, plan.kv_layout, device=meta)
+        shapes = []
+        for batch in scheduled:
+            host = engine.host_plan(batch, plan)
+            packed = upload(host, meta)
+            with torch.no_grad(), MetaGuard():
+                tensors = expand(host, packed, TINY.vocab_size)
+                step = engine.run_step(host, tensors)
+            assert step.logits.device == meta
+            shapes.append(tuple(step.topk.shape))
+        return shapes
+
+    per_rank = run_local(cp_size, body)
+    assert sum(shapes[0][1] for shapes in per_rank) == scheduled[0].num_tokens
+
+
+def test_meta_guard_names_an_op_handed_a_host_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard fails a step that indexes with a CPU tensor (a sync on CUDA)."""
+    original = engine_mod.collect_narrow_last_token
+
+    def host_index(engine, hidden, host, tensors):  # type: ignore[no-untyped-def]
+        cpu = dataclasses.replace(tensors, last_token_ranks=torch.zeros(host.bs, dtype=torch.int64))
+        return original(engine, hidden, host, cpu)
+
+    monkeypatch.setitem(engine_mod.COLLECTORS, OutputStrategy.NARROW_LAST_TOKEN, host_index)
+    plan = dataclasses.replace(
+        ExecutionPlan.baseline(CpMode.IN_SEQ_SPLIT), output=OutputStrategy.NARROW_LAST_TOKEN
     )
-    current = KVRows(
-        torch.empty(10, TINY.kv_dim, device=meta),
-        torch.empty(10, TINY.index_head_dim, device=meta, dtype=torch.float8_e4m3fn),
-        torch.empty(10, device=meta),
-    )
-    index = torch.arange(5, device=meta)
-    write_current(pool, 0, WritePlan(index, index + 3, index), current)  # owner-filtered write
-    comm = LocalGroup(1).communicators()[0]
-    send_rows = torch.arange(12, device=meta)
-    view = materialize(comm, pool.layers[0], send_rows)
-    assert view.latent.shape == (12, TINY.kv_dim) and view.latent.device == meta
-    keys = key_source(comm, pool, 0, ReadPlan(KeySource.VIEW, None, send_rows), current)
-    assert keys.select(index).latent.shape == (5, TINY.kv_dim)  # slot or unique remap's read
-    reused = key_source(comm, pool, 0, ReadPlan(KeySource.CURRENT), current)
-    assert reused.select(index).index_k.shape == (5, TINY.index_head_dim)  # reuse remap
+    with pytest.raises(RuntimeError, match=r"OffDeviceError: .* got a cpu tensor \(2,\)"):
+        test_run_batch_runs_every_strategy_on_meta_with_no_host_value(plan)
 
 
 def test_debug_checks_pass_on_a_correct_run() -> None:
-    engines = run_engines(make_deploy(3, 4, CpMode.ROUND_ROBIN_SPLIT), level=3, debug_checks=True)
-    assert len(engines[0].written_pages) > 0
+    engines, _ = run_engines(make_deploy(3, 4, CpMode.ROUND_ROBIN_SPLIT), 3, debug_checks=True)
+    assert engines[0].debug is not None and len(engines[0].debug.written_pages) > 0
 
 
 def test_debug_checks_pass_with_compute_owner_writes() -> None:
     deploy = make_deploy(2, 4)
     batches = load_trace(DATA / "long.jsonl", 4).batches
-    levels = {5: level_plans(5, ALL, deploy, batches)}
-    assert 5 in {p.phase for p in levels[5]}
-    report = verify_levels(TINY, deploy, batches, levels, Backend.LOCAL, debug_checks=True)
+    report = verify_levels(TINY, deploy, batches, (5,), ALL, Backend.LOCAL, debug_checks=True)
     assert report.ok
+    assert 5 in {row.batch_plan.phase for row in report.levels[0].rows}
 
 
 def test_debug_checks_catch_a_write_to_a_foreign_page(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cpkv_core.runtime import layout as layout_mod
+    def next_page(*args, **kwargs) -> BatchTensors:  # type: ignore[no-untyped-def]
+        tensors = expand(*args, **kwargs)
+        return dataclasses.replace(tensors, written_locs=tensors.written_locs + 4)
 
-    original = layout_mod.build_write_plan
-
-    def write_everything(strategy, current_locs, local, rank, cp_size, page_size):  # type: ignore[no-untyped-def]
-        plan = original(strategy, current_locs, local, rank, cp_size, page_size)
-        every = torch.arange(len(current_locs))
-        return WritePlan(
-            every, plan.dest_rows.new_zeros(len(current_locs)), torch.tensor(current_locs)
-        )
-
-    monkeypatch.setattr(layout_mod, "build_write_plan", write_everything)
+    monkeypatch.setattr(engine_mod, "expand", next_page)
     with pytest.raises(RuntimeError, match="does not own"):
         run_engines(make_deploy(2, 4), level=2, debug_checks=True)
 
@@ -167,8 +254,9 @@ def test_debug_checks_catch_a_write_to_a_foreign_page(monkeypatch: pytest.Monkey
 def test_engine_refuses_a_plan_for_another_layout() -> None:
     deploy = make_deploy(1, 4)
     engine = CPEngine(TINY, deploy, LocalGroup(1).communicators()[0], 16, KvLayout.SHARDED)
+    batch = Scheduler(16, 4).schedule(mixed_trace(4).batches[0])
     with pytest.raises(RuntimeError, match="KV at rest"):
-        engine.prepare(mixed_trace(4).batches[0], ExecutionPlan.baseline(CpMode.IN_SEQ_SPLIT))
+        engine.host_plan(batch, ExecutionPlan.baseline(CpMode.IN_SEQ_SPLIT))
 
 
 @pytest.mark.gloo
@@ -182,19 +270,19 @@ def test_every_level_matches_reference_on_real_gloo_ranks() -> None:
         ("long", 4, 16, CpMode.IN_SEQ_SPLIT),
         ("long", 2, 4, CpMode.IN_SEQ_SPLIT),
     ]
-    jobs = []
+    jobs, names = [], []
     for trace, cp_size, page_size, cp_mode in configs:
+        names.append(trace)
         deploy = make_deploy(cp_size, page_size, cp_mode)
         batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
-        plans = tuple(
-            tuple(p.plan for p in level_plans(lv, ALL, deploy, batches)) for lv in levels_of(ALL)
-        )
         num_pages = pages_for_trace(batches, page_size, cp_size)
-        jobs.append(RankJob(TINY, deploy, batches, plans, num_pages))
-    for job, runs in zip(jobs, run_jobs_on_gloo(jobs), strict=True):
-        reference = run_reference(job)
+        jobs.append(RankJob(TINY, deploy, batches, levels_of(ALL), num_pages))
+    for name, job, runs in zip(names, jobs, run_jobs_on_gloo(jobs), strict=True):
+        reference = run_reference(TINY, job, [s.scheduled for s in runs[0].steps])
         assert len(runs) == len(levels_of(ALL))
         for run in runs:
             for ref, got in zip(reference, run.outputs, strict=True):
                 cmp = compare_batch(ref, got)
                 assert cmp.topk_equal and cmp.max_abs_diff == 0.0, (job.deploy, cmp)
+        if name == "long":
+            assert 5 in {s.decision.phase for s in runs[-1].steps}, job.deploy

@@ -1,30 +1,98 @@
-"""Logical page allocator: page tables, mid-page continuation, prefix sharing, release."""
+"""The scheduler and its allocator: page tables, mid-page continuation, prefix sharing,
+release, all-or-nothing batches, compute-owner allocation."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv_core.planning.allocator import OutOfPagesError, PageAllocator, pages_needed_for_trace
-from cpkv_core.planning.batch import BatchSpec, RequestSpec
-from cpkv_core.planning.tokens import TokenLedger, token_id
-from cpkv_core.traces.trace import validate_trace
+from cpkv_core.planning import (
+    NO_OWNER,
+    BatchSpec,
+    OutOfPagesError,
+    OwnerPolicy,
+    RequestSpec,
+    ScheduledRequest,
+    ScheduleError,
+    Scheduler,
+    compute_owner_of_pages,
+    owner_of_page,
+    pages_for_trace,
+)
+from cpkv_core.traces import validate_trace
 
 PAGE_SIZES = [1, 4, 16]
 
 
-def make_allocator(num_pages: int = 64, page_size: int = 4) -> PageAllocator:
-    return PageAllocator(num_pages, page_size)
+class Alloc:
+    """A scheduler fed one request per batch, with the allocator's queries at hand."""
+
+    def __init__(self, num_pages: int = 64, page_size: int = 4, cp_size: int = 1) -> None:
+        self.scheduler = Scheduler(num_pages, page_size, cp_size)
+        self.allocator = self.scheduler.allocator
+        self.page_size = page_size
+        self.batches = 0
+
+    def allocate(self, spec: RequestSpec) -> ScheduledRequest:
+        (req,) = self.scheduler.schedule(BatchSpec(self.batches, (spec,))).requests
+        self.batches += 1
+        return req
+
+    def page_table(self, rid: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in self.scheduler.page_table(rid))
+
+    def locs(self, rid: str, start: int, end: int) -> tuple[int, ...]:
+        table, size = self.page_table(rid), self.page_size
+        return tuple(table[p // size] * size + p % size for p in range(start, end))
+
+    def req_to_token(self, rid: str) -> tuple[int, ...]:
+        return self.locs(rid, 0, self.scheduler.seq_len(rid))
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self.scheduler
+
+    def release(self, rid: str) -> None:
+        self.scheduler.release(rid)
+
+    def refcount(self, page: int) -> int:
+        return self.allocator.refcount(page)
+
+    def check_invariants(self) -> None:
+        self.allocator.check_invariants()
+
+    @property
+    def num_pages(self) -> int:
+        return self.allocator.num_pages
+
+    @property
+    def num_free_pages(self) -> int:
+        return self.allocator.num_free_pages
+
+    @property
+    def num_pages_in_use(self) -> int:
+        return self.allocator.num_pages_in_use
+
+    @property
+    def pages_in_use(self) -> frozenset[int]:
+        return self.allocator.pages_in_use
 
 
-def snapshot(alloc: PageAllocator, rids: list[str]) -> object:
+def make_allocator(num_pages: int = 64, page_size: int = 4) -> Alloc:
+    return Alloc(num_pages, page_size)
+
+
+def snapshot(alloc: Alloc, rids: list[str]) -> object:
     """Everything observable about ``alloc``, for all-or-nothing checks."""
-    tables = {r: (alloc.page_table(r), alloc.seq_len(r)) for r in rids if r in alloc}
-    counts = tuple(alloc.refcount(p) for p in range(alloc.num_pages))
-    return tables, counts, alloc.num_free_pages, alloc.pages_in_use
+    tables = {
+        r: (alloc.page_table(r), alloc.scheduler.seq_len(r)) for r in rids if r in alloc.scheduler
+    }
+    allocator = alloc.allocator
+    counts = tuple(allocator.refcount(p) for p in range(allocator.num_pages))
+    return tables, counts, allocator.num_free_pages, allocator.pages_in_use
 
 
 # -- basic allocation ----------------------------------------------------------------------
@@ -36,24 +104,25 @@ def test_fresh_allocation_takes_lowest_free_pages_in_order() -> None:
     alloc.allocate(RequestSpec("b", 0, 4))
     assert alloc.page_table("a") == (0, 1, 2)
     assert alloc.page_table("b") == (3,)
-    assert (alloc.seq_len("a"), alloc.seq_len("b")) == (9, 4)
-    assert alloc.num_pages_in_use == 4 and alloc.num_free_pages == 60
-    assert alloc.pages_in_use == frozenset({0, 1, 2, 3})
-    alloc.check_invariants()
+    assert (alloc.scheduler.seq_len("a"), alloc.scheduler.seq_len("b")) == (9, 4)
+    assert alloc.allocator.num_pages_in_use == 4 and alloc.allocator.num_free_pages == 60
+    assert alloc.allocator.pages_in_use == frozenset({0, 1, 2, 3})
+    alloc.allocator.check_invariants()
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_req_to_token_maps_positions_through_page_table(page_size: int) -> None:
+def test_scheduled_request_carries_its_page_table_and_chunk(page_size: int) -> None:
     alloc = make_allocator(page_size=page_size)
     alloc.allocate(RequestSpec("x", 0, 1))  # so "a" does not start at page 0
-    alloc.allocate(RequestSpec("a", 0, 2 * page_size + 1))
-    table = alloc.page_table("a")
-    want = tuple(
-        table[p // page_size] * page_size + p % page_size for p in range(2 * page_size + 1)
+    req = alloc.allocate(RequestSpec("a", 0, 2 * page_size + 1))
+    assert (req.prefix_len, req.extend_len, req.seq_len) == (
+        0,
+        2 * page_size + 1,
+        2 * page_size + 1,
     )
-    assert alloc.req_to_token("a") == want
-    assert alloc.locs("a", 1, page_size + 1) == want[1 : page_size + 1]
-    assert alloc.locs("a", 3, 3) == ()
+    assert tuple(req.page_table) == alloc.page_table("a") == (1, 2, 3)
+    assert not req.page_table.flags.writeable
+    assert req.resume_page_owner == NO_OWNER
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
@@ -63,7 +132,7 @@ def test_continuation_mid_page_fills_partial_page_first(page_size: int, first: i
     alloc.allocate(RequestSpec("a", 0, first))
     before = alloc.page_table("a")
     alloc.allocate(RequestSpec("other", 0, 1))  # takes the next free page in between
-    alloc.allocate(RequestSpec("a", first, page_size + 2))
+    req = alloc.allocate(RequestSpec("a", first, page_size + 2))
     table = alloc.page_table("a")
     assert table[: len(before)] == before
     assert len(table) == -(-(first + page_size + 2) // page_size)
@@ -72,14 +141,10 @@ def test_continuation_mid_page_fills_partial_page_first(page_size: int, first: i
     )
     if first % page_size:  # the partly filled page holds the next positions
         assert alloc.locs("a", first, first + 1)[0] // page_size == before[-1]
-    alloc.check_invariants()
-
-
-def test_locs_rejects_positions_outside_request() -> None:
-    alloc = make_allocator()
-    alloc.allocate(RequestSpec("a", 0, 5))
-    with pytest.raises(ValueError, match=r"outside \[0, 5\)"):
-        alloc.locs("a", 2, 6)
+        assert req.resume_page_owner == 0  # one owner
+    else:
+        assert req.resume_page_owner == NO_OWNER
+    alloc.allocator.check_invariants()
 
 
 # -- prefix sharing and release -----------------------------------------------------------
@@ -142,20 +207,20 @@ def test_out_of_pages_leaves_state_unchanged() -> None:
     ("spec", "words"),
     [
         (RequestSpec("a", 4, 1), "prefix_len must be 10, got 4"),
-        (RequestSpec("a", 10, 1, prefix_from="a"), "prefix_from must be None"),
+        (RequestSpec("a", 10, 1, prefix_from="a"), "prefix_from is not allowed"),
         (RequestSpec("b", 4, 1), "no prefix_from"),
-        (RequestSpec("b", 4, 1, prefix_from="zzz"), "unknown request 'zzz'"),
-        (RequestSpec("b", 6, 1, prefix_from="a"), "positive multiple of page_size=4"),
-        (RequestSpec("b", 0, 1, prefix_from="a"), "positive multiple of page_size=4"),
-        (RequestSpec("b", 12, 1, prefix_from="a"), "exceeds the 10 tokens 'a' holds"),
-        (RequestSpec("b", 0, -1), "extend_len must be >= 0"),
+        (RequestSpec("b", 4, 1, prefix_from="zzz"), "'zzz' is not a known request"),
+        (RequestSpec("b", 6, 1, prefix_from="a"), "not a multiple of page_size=4"),
+        (RequestSpec("b", 0, 1, prefix_from="a"), "prefix_len is 0"),
+        (RequestSpec("b", 12, 1, prefix_from="a"), "exceeds the 10 tokens 'a' has"),
+        (RequestSpec("b", 0, 0), "extend_len: must be >= 1"),
     ],
 )
 def test_rejects_inconsistent_request_and_changes_nothing(spec: RequestSpec, words: str) -> None:
     alloc = make_allocator(page_size=4)
     alloc.allocate(RequestSpec("a", 0, 10))
     before = snapshot(alloc, ["a", "b"])
-    with pytest.raises(ValueError, match=words):
+    with pytest.raises(ScheduleError, match=words):
         alloc.allocate(spec)
     assert snapshot(alloc, ["a", "b"]) == before
 
@@ -167,19 +232,20 @@ def test_rejects_unknown_rid_and_bad_page() -> None:
     with pytest.raises(ValueError, match=r"page must be in \[0, 2\)"):
         alloc.refcount(2)
     with pytest.raises(ValueError, match="page_size must be >= 1"):
-        PageAllocator(4, 0)
+        Scheduler(4, 0)
 
 
-# -- pages_needed_for_trace and the property test ---------------------------------------------
+# -- pages_for_trace and the property test ---------------------------------------------------
 
 
-def test_pages_needed_counts_shared_prefix_pages_once() -> None:
+def test_pages_for_trace_counts_shared_prefix_pages_once_per_owner() -> None:
     batches = (
         BatchSpec(0, (RequestSpec("a", 0, 10),)),
         BatchSpec(1, (RequestSpec("a", 10, 3), RequestSpec("b", 8, 1, prefix_from="a"))),
     )
-    # a: 13 tokens -> 4 pages; b: 2 shared + 1 own.
-    assert pages_needed_for_trace(batches, page_size=4) == 5
+    # a: 13 tokens -> 4 pages; b: 2 shared + 1 own; one spare page per owner.
+    assert pages_for_trace(batches, page_size=4, cp_size=1) == 6
+    assert pages_for_trace(batches, page_size=4, cp_size=3) == 18
 
 
 @st.composite
@@ -224,21 +290,17 @@ def writers_of(batches: tuple[BatchSpec, ...]) -> dict[str, list[str]]:
 def test_locs_are_distinct_except_shared_prefixes(trace: tuple[int, tuple[BatchSpec, ...]]) -> None:
     page_size, batches = trace
     validate_trace(batches, page_size)
-    needed = pages_needed_for_trace(batches, page_size)
-    alloc = PageAllocator(needed, page_size)
-    ledger = TokenLedger()
+    needed = pages_for_trace(batches, page_size, 1)
+    alloc = Alloc(needed, page_size)
     for batch in batches:
-        for r in batch.requests:
-            alloc.allocate(r)
-            ledger.extend(r, vocab_size=1 << 30)
+        alloc.scheduler.schedule(batch)
         alloc.check_invariants()
-    assert alloc.num_pages_in_use == needed and alloc.num_free_pages == 0
+    assert alloc.num_pages_in_use == needed - 1 and alloc.num_free_pages == 1
 
     loc_of: dict[tuple[str, int], int] = {}
     for rid, writers in writers_of(batches).items():
         locs = alloc.req_to_token(rid)
         assert len(locs) == len(writers)
-        assert ledger.tokens(rid) == [token_id(w, p, 1 << 30) for p, w in enumerate(writers)]
         for pos, (writer, loc) in enumerate(zip(writers, locs, strict=True)):
             assert loc_of.setdefault((writer, pos), loc) == loc  # same token, same loc
     assert len(set(loc_of.values())) == len(loc_of)  # different tokens, different locs
@@ -250,15 +312,72 @@ def test_releasing_everything_frees_every_page(
     trace: tuple[int, tuple[BatchSpec, ...]], rnd: random.Random
 ) -> None:
     page_size, batches = trace
-    alloc = PageAllocator(pages_needed_for_trace(batches, page_size), page_size)
+    alloc = Alloc(pages_for_trace(batches, page_size, 1), page_size)
     rids: list[str] = []
     for batch in batches:
-        for r in batch.requests:
-            alloc.allocate(r)
-            if r.rid not in rids:
-                rids.append(r.rid)
+        alloc.scheduler.schedule(batch)
+        rids += [r.rid for r in batch.requests if r.rid not in rids]
     rnd.shuffle(rids)
     for rid in rids:
         alloc.release(rid)
         alloc.check_invariants()
     assert alloc.num_free_pages == alloc.num_pages and alloc.pages_in_use == frozenset()
+
+
+# -- whole batches: atomic, owners, compute-owner allocation ----------------------------------
+
+
+def test_a_batch_that_runs_out_of_pages_changes_nothing() -> None:
+    alloc = Alloc(num_pages=5, page_size=4)
+    alloc.allocate(RequestSpec("a", 0, 6))  # 2 pages
+    before = snapshot(alloc, ["a", "b", "c"])
+    batch = BatchSpec(9, (RequestSpec("b", 0, 8), RequestSpec("a", 6, 2), RequestSpec("c", 0, 8)))
+    with pytest.raises(OutOfPagesError):
+        alloc.scheduler.schedule(batch)  # b and a fit, c does not: b and a are undone
+    assert snapshot(alloc, ["a", "b", "c"]) == before
+    alloc.check_invariants()
+
+
+def test_schedule_error_names_the_batch_and_field() -> None:
+    alloc = Alloc()
+    alloc.allocate(RequestSpec("a", 0, 5))
+    bad = BatchSpec(7, (RequestSpec("x", 0, 3), RequestSpec("a", 4, 1)))
+    with pytest.raises(ScheduleError, match=r"batch 7: requests\[1\]\.prefix_len: .* must be 5"):
+        alloc.scheduler.schedule(bad)
+    assert "x" not in alloc.scheduler
+
+
+@pytest.mark.parametrize("cp_size", [2, 3, 4])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_compute_owner_policy_puts_each_page_on_its_compute_owner(
+    cp_size: int, page_size: int
+) -> None:
+    scheduler = Scheduler(200 * cp_size, page_size, cp_size)
+    lens = [2 * cp_size * page_size + 3, 4 * cp_size * page_size]
+    batch = BatchSpec(0, tuple(RequestSpec(f"r{i}", 0, n) for i, n in enumerate(lens)))
+    scheduled = scheduler.schedule(batch, OwnerPolicy.COMPUTE_OWNER)
+    assert scheduled.on_compute_owners
+    want = compute_owner_of_pages(lens, [0, 0], cp_size, page_size)
+    for req, owners in zip(scheduled.requests, want, strict=True):
+        assert [owner_of_page(int(p), cp_size) for p in req.page_table] == list(owners)
+
+
+def test_compute_owner_policy_falls_back_to_dealt_for_a_short_request() -> None:
+    scheduler = Scheduler(64, 4, 2)
+    batch = BatchSpec(0, (RequestSpec("long", 0, 64), RequestSpec("short", 0, 5)))
+    scheduled = scheduler.schedule(batch, OwnerPolicy.COMPUTE_OWNER)
+    assert not scheduled.on_compute_owners
+    owners = [owner_of_page(int(p), 2) for p in scheduled.requests[0].page_table]
+    assert owners == [0, 1] * 8  # dealt in turn
+
+
+def test_resuming_in_a_page_owned_by_another_rank_is_not_on_compute_owners() -> None:
+    scheduler = Scheduler(64, 4, 2)
+    scheduler.schedule(BatchSpec(0, (RequestSpec("a", 0, 6),)))  # pages on owners 0, 1
+    scheduled = scheduler.schedule(
+        BatchSpec(1, (RequestSpec("a", 6, 40),)), OwnerPolicy.COMPUTE_OWNER
+    )
+    assert scheduled.requests[0].resume_page_owner == 1
+    assert not scheduled.on_compute_owners
+    assert scheduled.current_pages == (11,)  # positions 6..45: pages 1..11
+    assert np.array_equal(scheduled.new_pages, scheduled.requests[0].page_table[2:])
