@@ -104,7 +104,8 @@ class PageAllocator:
         return [
             int(n)
             for n in np.bincount(
-                self.pages_in_use_array() % self.num_owners, minlength=self.num_owners
+                owner_of_page(self.pages_in_use_array(), self.num_owners),
+                minlength=self.num_owners,
             )
         ]
 

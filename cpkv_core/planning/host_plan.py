@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy, KvWriteStrategy
+from cpkv_core.planning.ownership import local_page, owner_of_page
 from cpkv_core.planning.remap import ViewPlan, slot_view_plan, unique_view_plan
 from cpkv_core.planning.scheduler import ScheduledBatch
 from cpkv_core.planning.segments import SplitSegments, build_segments
@@ -162,7 +163,7 @@ def _write_runs(
             "write_loc0": dest,
             "write_count": pages.count,
         }
-    mine = pages.page % cp == rank
+    mine = owner_of_page(pages.page, cp) == rank
     page, g0, count, offset = (
         pages.page[mine],
         pages.g0[mine],
@@ -178,7 +179,7 @@ def _write_runs(
                 f"batch {batch.batch}: rank {rank} computes tokens on pages it does not own, "
                 "indicates a bug in the gate (OWNER_MISMATCH must fall back)"
             )
-    dest = (page // cp) * ps + offset
+    dest = local_page(page, cp) * ps + offset
     return {
         "write_src0": src0,
         "write_dst0": dest,
@@ -204,7 +205,7 @@ def _read(
     build = slot_view_plan if plan.kv_read is KvReadStrategy.MATERIALIZED_SLOT else unique_view_plan
     view = build(flat, batch.page_size, batch.cp_size)
     send = np.zeros(view.max_pages, np.int64)
-    mine = view.pages_by_owner[rank] // batch.cp_size
+    mine = local_page(view.pages_by_owner[rank], batch.cp_size)
     send[: len(mine)] = mine
     return KeySource.VIEW, view, view.entry_rows, send
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from cpkv_core.planning.ownership import owner_of_page
+
 __all__ = ["ViewPlan", "slot_view_plan", "unique_view_plan"]
 
 IntArray = npt.NDArray[np.int64]
@@ -66,7 +68,7 @@ def _place(
     slot_pages: IntArray, cp_size: int, page_size: int
 ) -> tuple[int, tuple[IntArray, ...], IntArray]:
     """Slots by owner: ``(max_pages, pages_by_owner, first view row of each slot)``."""
-    owners = slot_pages % cp_size
+    owners = owner_of_page(slot_pages, cp_size)
     order = np.argsort(owners, kind="stable")
     per_owner = np.bincount(owners, minlength=cp_size)
     owner_start = np.cumsum(per_owner) - per_owner

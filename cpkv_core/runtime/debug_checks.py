@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from cpkv_core.planning import HostPlan, KeySource, KvLayout, ScheduledBatch
+from cpkv_core.planning import (
+    HostPlan,
+    KeySource,
+    KvLayout,
+    ScheduledBatch,
+    owner_of_loc,
+    owner_of_page,
+)
 from cpkv_core.runtime.device_plan import BatchTensors
 from cpkv_core.runtime.kv_pool import KVRows
 
@@ -49,7 +56,7 @@ class DebugChecks:
         engine = self.engine
         rank, cp_size, page_size = engine.comm.rank, engine.deploy.cp_size, engine.deploy.page_size
         if engine.kv_layout is KvLayout.SHARDED:
-            owners = (tensors.written_locs // page_size) % cp_size
+            owners = owner_of_loc(tensors.written_locs.cpu().numpy(), page_size, cp_size)
             if not bool((owners == rank).all()):
                 raise RuntimeError(
                     f"rank {rank} wrote a page it does not own: owners {owners.tolist()}"
@@ -94,7 +101,7 @@ class DebugChecks:
             return
         cp_size = engine.deploy.cp_size
         for rank, pages in enumerate(sets):
-            foreign = sorted(p for p in pages if p % cp_size != rank)
+            foreign = sorted(p for p in pages if owner_of_page(p, cp_size) != rank)
             if foreign:
                 raise RuntimeError(f"rank {rank} stored pages it does not own: {foreign[:8]}")
         union = set().union(*sets)

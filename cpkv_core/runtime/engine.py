@@ -29,6 +29,7 @@ from cpkv_core.planning import (
     ScheduledBatch,
     ScheduledRequest,
     build_host_plan,
+    owner_of_page,
 )
 from cpkv_core.runtime.debug_checks import DebugChecks
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
@@ -170,7 +171,7 @@ class CPEngine:
         self.requests.update((r.rid, r) for r in batch.requests)
         new_pages = batch.new_pages
         if self.kv_layout is KvLayout.SHARDED:
-            new_pages = new_pages[new_pages % self.deploy.cp_size == self.comm.rank]
+            new_pages = new_pages[owner_of_page(new_pages, self.deploy.cp_size) == self.comm.rank]
         self.stored_pages += int(np.size(new_pages))
 
     def forget(self, rid: str) -> None:
