@@ -20,6 +20,7 @@ from cpkv.report import (
     render_bench,
     render_demo,
     render_explain,
+    render_explain_summary,
     render_pd,
     render_phases,
     render_verify_table,
@@ -132,14 +133,19 @@ def explain(
     cp_size: CpSizeOpt = None,
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
+    summary: Annotated[
+        bool, typer.Option("--summary", help="Only the phase mix, not every batch's plan.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """The gate's BatchPlan for every batch of TRACE, with reasons, and a summary by phase."""
+    """The gate's BatchPlan for every batch of TRACE, with reasons, and the phase mix: the
+    share of batches and tokens per phase, and fallback reasons counted by code."""
     with bad_input_exits():
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
         trace = load_trace(trace_path, settings.deploy.page_size)
     report = explain_trace(trace.batches, settings.enabled, settings.deploy, settings.ceiling)
-    emit(as_json, report.to_json(), lambda: render_explain(out, report))
+    render = render_explain_summary if summary else render_explain
+    emit(as_json, report.to_json(summary_only=summary), lambda: render(out, report))
 
 
 @app.command("phases")

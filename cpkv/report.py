@@ -10,6 +10,7 @@ from rich.table import Table
 from cpkv.bench import BenchReport
 from cpkv.explain import ExplainReport
 from cpkv.pd import PdReport
+from cpkv.phase_mix import reason_code, render_phase_mix
 from cpkv.verify import VerifyReport
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.outputs import OUTPUT_ATOL
@@ -70,7 +71,7 @@ def reason_codes(plan: BatchPlan) -> str:
             continue
         codes: dict[str, int] = {}
         for reason in d.reasons:
-            code = reason.split(" ", 1)[0]
+            code = reason_code(reason)
             codes[code] = codes.get(code, 0) + 1
         parts.append(
             f"{int(d.phase)} " + ", ".join(c if n == 1 else f"{c} x{n}" for c, n in codes.items())
@@ -148,12 +149,18 @@ def render_explain(console: Console, report: ExplainReport) -> None:
             fallback_reasons(plan),
         )
     console.print(table)
-    summary = report.summary()
-    by_phase = ", ".join(
-        f"phase {k}: {v} batches / {summary['tokens_by_phase'][k]} tokens"
-        for k, v in summary["batches_by_phase"].items()
+    render_explain_summary(console, report)
+
+
+def render_explain_summary(console: Console, report: ExplainReport) -> None:
+    """The phase mix: shares of batches and tokens per phase, fallbacks by code."""
+    deploy = report.deploy
+    enabled = ",".join(str(int(p)) for p in sorted(report.enabled)) or "none"
+    title = (
+        f"phase mix, cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size} "
+        f"enabled={enabled}"
     )
-    console.print(f"summary: {by_phase}")
+    render_phase_mix(console, report.mix(), title)
 
 
 def render_phases(console: Console, rows: list[dict[str, Any]]) -> None:

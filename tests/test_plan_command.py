@@ -18,15 +18,39 @@ runner = CliRunner()
 # NOTE: DeepSeek-V3.2's published dimensions (config.json of deepseek-ai/DeepSeek-V3.2-Exp),
 # restated here so the expected figures do not come from the code under test.
 DSV32 = {
-    "hidden": 7168, "layers": 61, "dense_layers": 3, "vocab": 129280, "inter": 18432,
-    "moe_inter": 2048, "experts": 256, "q_lora": 1536, "kv_lora": 512, "nope": 128,
-    "rope": 64, "v_head": 128, "heads": 128, "index_heads": 64, "index_dim": 128,
-}  # fmt: skip
+    "hidden": 7168,
+    "layers": 61,
+    "dense_layers": 3,
+    "vocab": 129280,
+    "inter": 18432,
+    "moe_inter": 2048,
+    "experts": 256,
+    "q_lora": 1536,
+    "kv_lora": 512,
+    "nope": 128,
+    "rope": 64,
+    "v_head": 128,
+    "heads": 128,
+    "index_heads": 64,
+    "index_dim": 128,
+}
 GLM5 = {
-    "hidden": 6144, "layers": 78, "dense_layers": 3, "vocab": 154880, "inter": 12288,
-    "moe_inter": 2048, "experts": 256, "q_lora": 2048, "kv_lora": 512, "nope": 192,
-    "rope": 64, "v_head": 256, "heads": 64, "index_heads": 32, "index_dim": 128,
-}  # fmt: skip
+    "hidden": 6144,
+    "layers": 78,
+    "dense_layers": 3,
+    "vocab": 154880,
+    "inter": 12288,
+    "moe_inter": 2048,
+    "experts": 256,
+    "q_lora": 2048,
+    "kv_lora": 512,
+    "nope": 192,
+    "rope": 64,
+    "v_head": 256,
+    "heads": 64,
+    "index_heads": 32,
+    "index_dim": 128,
+}
 DSV32_PER_LAYER = (512 + 64) * 2 + 128 + 4  # bf16 latent, fp8 index K, fp32 scale
 DSV32_PER_TOKEN = DSV32_PER_LAYER * 61
 GIB = 2**30
@@ -45,17 +69,22 @@ def published_counts(d: dict[str, int]) -> dict[str, int]:
             + heads * d["v_head"] * h
         ),
         "attention_replicated_params": layers
-        * (h * q_lora + h * (kv_lora + d["rope"]) + q_lora * d["index_heads"] * d["index_dim"]
-           + h * d["index_dim"]),
+        * (
+            h * q_lora
+            + h * (kv_lora + d["rope"])
+            + q_lora * d["index_heads"] * d["index_dim"]
+            + h * d["index_dim"]
+        ),
         "dense_mlp_params": d["dense_layers"] * 3 * h * d["inter"]
         + moe_layers * 3 * h * d["moe_inter"],
         "routed_expert_params": moe_layers * d["experts"] * 3 * h * d["moe_inter"],
         "embedding_params": d["vocab"] * h,
         "lm_head_params": d["vocab"] * h,
-        "small_params": layers * (2 * h + q_lora + kv_lora + h * d["index_heads"]
-                                  + 2 * d["index_dim"])
-        + moe_layers * (d["experts"] * h + d["experts"]) + h,
-    }  # fmt: skip
+        "small_params": layers
+        * (2 * h + q_lora + kv_lora + h * d["index_heads"] + 2 * d["index_dim"])
+        + moe_layers * (d["experts"] * h + d["experts"])
+        + h,
+    }
 
 
 def fp8_bytes(params: int, split: int) -> int:
@@ -127,13 +156,28 @@ def test_deepseek_v32_tp8_cp8_on_h200_counts_weights_and_keeps_the_gain() -> Non
 
 def test_human_output_says_where_each_gib_goes() -> None:
     result = runner.invoke(
-        app, ["plan", "--model", "deepseek-v3.2", "--cp-size", "8", "--tp-size", "8",
-              "--gpu-mem-gib", "141"],
-    )  # fmt: skip
+        app,
+        [
+            "plan",
+            "--model",
+            "deepseek-v3.2",
+            "--cp-size",
+            "8",
+            "--tp-size",
+            "8",
+            "--gpu-mem-gib",
+            "141",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    for words in ("weights: routed experts (1/8, fp8)", "KV pool at level 0",
-                  "reserve: activations, CUDA graphs", "141.00", "100.0%",
-                  "mem_fraction_static 0.897, SGLang's default"):  # fmt: skip
+    for words in (
+        "weights: routed experts (1/8, fp8)",
+        "KV pool at level 0",
+        "reserve: activations, CUDA graphs",
+        "141.00",
+        "100.0%",
+        "mem_fraction_static 0.897, SGLang's default",
+    ):
         assert words in result.stdout
     assert "longest request: level 0 163,840 tokens (model_context)" in result.stdout
 
@@ -146,8 +190,9 @@ def test_weights_that_do_not_fit_are_refused_with_sizes_and_a_fix() -> None:
 
 def test_bf16_glm5_from_its_model_path_does_not_fit_eight_h200s() -> None:
     # NOTE: 744B bf16 parameters / 8 ranks = 186 GB per rank > 141 GiB.
-    stderr = bad_input_stderr("--model-path", "zai-org/GLM-5", "--tp-size", "8",
-                              "--gpu-mem-gib", "141")  # fmt: skip
+    stderr = bad_input_stderr(
+        "--model-path", "zai-org/GLM-5", "--tp-size", "8", "--gpu-mem-gib", "141"
+    )
     assert "the weights alone do not fit" in stderr and "(bf16," in stderr
     assert "--weight-dtype fp8" in stderr
     doc = plan_json("--model-path", "zai-org/GLM-5-FP8", "--tp-size", "8", "--gpu-mem-gib", "141")
@@ -180,28 +225,48 @@ def test_expert_parallelism_moves_experts_without_changing_their_bytes() -> None
 
 
 def test_reserve_gib_sets_the_static_share_to_what_is_left() -> None:
-    doc = plan_json("--model", "deepseek-v3.2", "--tp-size", "8", "--gpu-mem-gib", "141",
-                    "--reserve-gib", "20")  # fmt: skip
+    doc = plan_json(
+        "--model", "deepseek-v3.2", "--tp-size", "8", "--gpu-mem-gib", "141", "--reserve-gib", "20"
+    )
     assert doc["memory"]["static_bytes"] == 121 * GIB
     assert doc["memory"]["reserve_bytes"] == 20 * GIB
     assert doc["memory"]["mem_fraction_source"] == "reserve"
 
 
 def test_fp8_kv_cache_stores_flashmla_656_byte_latent_plus_index_k() -> None:
-    doc = plan_json("--model", "deepseek-v3.2", "--tp-size", "8", "--gpu-mem-gib", "141",
-                    "--kv-cache-dtype", "fp8_e4m3")  # fmt: skip
+    doc = plan_json(
+        "--model",
+        "deepseek-v3.2",
+        "--tp-size",
+        "8",
+        "--gpu-mem-gib",
+        "141",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+    )
     assert doc["bytes_per_token_per_layer"] == 512 + 4 * 4 + 64 * 2 + 128 + 4 == 788
 
 
 def test_longest_request_is_bounded_by_the_pool_the_view_or_the_model() -> None:
-    big = plan_json("--model", "deepseek-v3.2", "--cp-size", "8", "--tp-size", "8",
-                    "--gpu-mem-gib", "141")  # fmt: skip
+    big = plan_json(
+        "--model", "deepseek-v3.2", "--cp-size", "8", "--tp-size", "8", "--gpu-mem-gib", "141"
+    )
     assert [(lv["max_request_tokens"], lv["max_request_limit"]) for lv in big["levels"]] == [
         (163840, "model_context"),
         (131072, "max_view_tokens"),
     ]
-    small = plan_json("--model", "tiny", "--cp-size", "2", "--gpu-mem-gib", "0.01",
-                      "--mem-fraction-static", "0.9", "--max-view-tokens", "64")  # fmt: skip
+    small = plan_json(
+        "--model",
+        "tiny",
+        "--cp-size",
+        "2",
+        "--gpu-mem-gib",
+        "0.01",
+        "--mem-fraction-static",
+        "0.9",
+        "--max-view-tokens",
+        "64",
+    )
     level0, level2 = small["levels"]
     assert (level0["max_request_tokens"], level0["max_request_limit"]) == (
         level0["tokens_per_rank"],
@@ -220,8 +285,11 @@ LAUNCH = (
 def test_from_sglang_takes_model_tp_cp_page_fraction_and_kv_dtype_from_the_command() -> None:
     doc = plan_json("--from-sglang", LAUNCH, "--gpu-mem-gib", "141")
     assert (doc["model"], doc["tp_size"], doc["cp_size"], doc["page_size"]) == (
-        "deepseek-v3.2", 8, 8, 64
-    )  # fmt: skip
+        "deepseek-v3.2",
+        8,
+        8,
+        64,
+    )
     assert doc["memory"]["mem_fraction_static"] == 0.82
     assert doc["memory"]["static_bytes"] == 141 * GIB * 82 // 100
     assert doc["kv_cache_dtype"] == "fp8_e4m3"
@@ -237,8 +305,13 @@ def test_command_line_options_override_the_sglang_command() -> None:
 
 
 def test_from_sglang_infers_the_cp_size_sglang_picks_for_prefill_cp() -> None:
-    doc = plan_json("--from-sglang", "--model-path deepseek-ai/DeepSeek-V3.2 --tp 8 "
-                    "--enable-prefill-cp --mem-fraction-static 0.8", "--gpu-mem-gib", "141")  # fmt: skip
+    doc = plan_json(
+        "--from-sglang",
+        "--model-path deepseek-ai/DeepSeek-V3.2 --tp 8 "
+        "--enable-prefill-cp --mem-fraction-static 0.8",
+        "--gpu-mem-gib",
+        "141",
+    )
     assert doc["cp_size"] == 8
     assert any("inferred" in note for note in doc["notes"])
 
@@ -247,33 +320,84 @@ def test_from_sglang_infers_the_cp_size_sglang_picks_for_prefill_cp() -> None:
     ("args", "words"),
     [
         (["--model", "llama", "--gpu-mem-gib", "80"], "deepseek-v3.2, glm-5"),
-        (["--model-path", "meta-llama/Llama-3-8B", "--gpu-mem-gib", "80"],
-         "maps to no preset; cpkv plans deepseek-v3.2, glm-5"),
+        (
+            ["--model-path", "meta-llama/Llama-3-8B", "--gpu-mem-gib", "80"],
+            "maps to no preset; cpkv plans deepseek-v3.2, glm-5",
+        ),
         (["--gpu-mem-gib", "80"], "give --model"),
-        (["--model", "glm-5", "--model-path", "zai-org/GLM-5", "--gpu-mem-gib", "80"],
-         "not both"),
+        (["--model", "glm-5", "--model-path", "zai-org/GLM-5", "--gpu-mem-gib", "80"], "not both"),
         (["--model", "glm-5", "--cp-size", "0", "--gpu-mem-gib", "141"], "cp_size must be >= 1"),
         (["--model", "glm-5", "--gpu-mem-gib", "0"], "gpu_mem_gib must be"),
-        (["--model", "glm-5", "--gpu-mem-gib", "141", "--mem-fraction-static", "1.1"],
-         "mem_fraction_static must be in (0, 1]"),
-        (["--model", "glm-5", "--gpu-mem-gib", "141", "--mem-fraction-static", "0.9",
-          "--reserve-gib", "9"], "not both"),
-        (["--model", "glm-5", "--gpu-mem-gib", "141", "--reserve-gib", "141"],
-         "reserve_gib must be in [0, gpu_mem_gib=141)"),
-        (["--model", "glm-5", "--gpu-mem-gib", "141", "--tp-size", "8", "--ep-size", "3"],
-         "ep_size must divide tp_size"),
-        (["--model", "glm-5", "--gpu-mem-gib", "141", "--tp-size", "8", "--cp-size", "16"],
-         "tp_size must be a multiple of dp_attention x cp_size"),
-        (["--model", "glm-5", "--gpu-mem-gib", "141", "--tp-size", "8", "--kv-cache-dtype",
-          "fp8_e5m2"], "kv_cache_dtype must be one of"),
-        (["--model", "glm-5", "--gpu-mem-gib", "141", "--tp-size", "8", "--page-size", "0"],
-         "page_size must be >= 1"),
-        (["--model", "glm-5", "--gpu-mem-gib", "141", "--tp-size", "8", "--max-view-tokens",
-          "0"], "max_view_tokens must be >= 1"),
-        (["--from-sglang", "--model-path deepseek-ai/DeepSeek-V3.2 --tp", "--gpu-mem-gib",
-          "141"], "--tp needs a value"),
+        (
+            ["--model", "glm-5", "--gpu-mem-gib", "141", "--mem-fraction-static", "1.1"],
+            "mem_fraction_static must be in (0, 1]",
+        ),
+        (
+            [
+                "--model",
+                "glm-5",
+                "--gpu-mem-gib",
+                "141",
+                "--mem-fraction-static",
+                "0.9",
+                "--reserve-gib",
+                "9",
+            ],
+            "not both",
+        ),
+        (
+            ["--model", "glm-5", "--gpu-mem-gib", "141", "--reserve-gib", "141"],
+            "reserve_gib must be in [0, gpu_mem_gib=141)",
+        ),
+        (
+            ["--model", "glm-5", "--gpu-mem-gib", "141", "--tp-size", "8", "--ep-size", "3"],
+            "ep_size must divide tp_size",
+        ),
+        (
+            ["--model", "glm-5", "--gpu-mem-gib", "141", "--tp-size", "8", "--cp-size", "16"],
+            "tp_size must be a multiple of dp_attention x cp_size",
+        ),
+        (
+            [
+                "--model",
+                "glm-5",
+                "--gpu-mem-gib",
+                "141",
+                "--tp-size",
+                "8",
+                "--kv-cache-dtype",
+                "fp8_e5m2",
+            ],
+            "kv_cache_dtype must be one of",
+        ),
+        (
+            ["--model", "glm-5", "--gpu-mem-gib", "141", "--tp-size", "8", "--page-size", "0"],
+            "page_size must be >= 1",
+        ),
+        (
+            [
+                "--model",
+                "glm-5",
+                "--gpu-mem-gib",
+                "141",
+                "--tp-size",
+                "8",
+                "--max-view-tokens",
+                "0",
+            ],
+            "max_view_tokens must be >= 1",
+        ),
+        (
+            [
+                "--from-sglang",
+                "--model-path deepseek-ai/DeepSeek-V3.2 --tp",
+                "--gpu-mem-gib",
+                "141",
+            ],
+            "--tp needs a value",
+        ),
     ],
-)  # fmt: skip
+)
 def test_rejects_bad_input_with_exit_2_and_the_reason(args: list[str], words: str) -> None:
     assert words in bad_input_stderr(*args)
 
@@ -281,21 +405,58 @@ def test_rejects_bad_input_with_exit_2_and_the_reason(args: list[str], words: st
 def test_rejects_a_pool_that_does_not_cover_the_scratch() -> None:
     # NOTE: 88.7 GiB static less 88.66 GiB of weights leaves ~41 MiB: more than a page
     # (64 x 78,324 B = 4.8 MiB), less than the scratch (131072 x 1,284 B = 160.5 MiB).
-    stderr = bad_input_stderr("--model", "deepseek-v3.2", "--cp-size", "8", "--tp-size", "8",
-                              "--gpu-mem-gib", "100", "--reserve-gib", "11.3")  # fmt: skip
+    stderr = bad_input_stderr(
+        "--model",
+        "deepseek-v3.2",
+        "--cp-size",
+        "8",
+        "--tp-size",
+        "8",
+        "--gpu-mem-gib",
+        "100",
+        "--reserve-gib",
+        "11.3",
+    )
     assert "does not cover the level >= 2 materialization scratch" in stderr
     assert "lower --max-view-tokens" in stderr
 
 
 def test_json_document_round_trips_with_stable_keys() -> None:
-    doc = plan_json("--model", "glm-5", "--cp-size", "4", "--tp-size", "8", "--gpu-mem-gib",
-                    "141", "--page-size", "32", "--max-view-tokens", "65536")  # fmt: skip
+    doc = plan_json(
+        "--model",
+        "glm-5",
+        "--cp-size",
+        "4",
+        "--tp-size",
+        "8",
+        "--gpu-mem-gib",
+        "141",
+        "--page-size",
+        "32",
+        "--max-view-tokens",
+        "65536",
+    )
     assert list(doc) == [
-        "model", "tp_size", "ep_size", "dp_attention", "cp_size", "attn_tp_size", "page_size",
-        "gpu_mem_gib", "kv_cache_dtype", "max_view_tokens", "max_context_len", "memory",
-        "weights", "kv_budget_bytes_per_rank", "bytes_per_token_per_layer",
-        "bytes_per_token_all_layers", "levels", "capacity_gain", "sources",
-    ]  # fmt: skip
+        "model",
+        "tp_size",
+        "ep_size",
+        "dp_attention",
+        "cp_size",
+        "attn_tp_size",
+        "page_size",
+        "gpu_mem_gib",
+        "kv_cache_dtype",
+        "max_view_tokens",
+        "max_context_len",
+        "memory",
+        "weights",
+        "kv_budget_bytes_per_rank",
+        "bytes_per_token_per_layer",
+        "bytes_per_token_all_layers",
+        "levels",
+        "capacity_gain",
+        "sources",
+    ]
     assert doc["bytes_per_token_all_layers"] == DSV32_PER_LAYER * 78
     assert doc["levels"][1]["scratch_bytes_per_rank"] == 65536 * DSV32_PER_LAYER
     assert all(level["tokens_per_rank"] % 32 == 0 for level in doc["levels"])
