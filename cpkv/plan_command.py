@@ -46,19 +46,22 @@ def plan_command(
             "an SGLang launch command; the options below override it.",
         ),
     ] = None,
-    cp_size: Annotated[IntOpt, typer.Option("--cp-size", help="CP ranks [1].")] = None,
+    cp_size: Annotated[IntOpt, typer.Option("--cp-size", help="CP ranks (default: 1).")] = None,
     tp_size: Annotated[
-        IntOpt, typer.Option("--tp-size", help="Ranks of the model instance [dp x cp].")
+        IntOpt, typer.Option("--tp-size", help="Ranks of the model instance (default: dp x cp).")
     ] = None,
-    ep_size: Annotated[IntOpt, typer.Option("--ep-size", help="Expert-parallel ranks [1].")] = None,
+    ep_size: Annotated[
+        IntOpt, typer.Option("--ep-size", help="Expert-parallel ranks (default: 1).")
+    ] = None,
     dp_attention: Annotated[
-        IntOpt, typer.Option("--dp-attention", help="Attention-DP groups; 1 means off [1].")
+        IntOpt,
+        typer.Option("--dp-attention", help="Attention-DP groups; 1 means off (default: 1)."),
     ] = None,
     mem_fraction_static: Annotated[
         FloatOpt,
         typer.Option(
             "--mem-fraction-static",
-            help="SGLang's share of GPU memory for weights and KV [derived as SGLang does].",
+            help="SGLang's share of GPU memory for weights and KV (default: as SGLang derives it).",
         ),
     ] = None,
     reserve_gib: Annotated[
@@ -75,18 +78,21 @@ def plan_command(
         IntOpt, typer.Option("--cuda-graph-max-bs", help="Sizes SGLang's default reserve.")
     ] = None,
     kv_cache_dtype: Annotated[
-        str | None, typer.Option("--kv-cache-dtype", help="auto|bf16|fp8_e4m3 [auto = bf16].")
+        str | None,
+        typer.Option("--kv-cache-dtype", help="auto|bf16|fp8_e4m3 (default: auto = bf16)."),
     ] = None,
     weight_dtype: Annotated[
         WeightDtype | None,
-        typer.Option("--weight-dtype", help="Linear-layer weights [the checkpoint's]."),
+        typer.Option("--weight-dtype", help="Linear-layer weights (default: the checkpoint's)."),
     ] = None,
-    page_size: Annotated[IntOpt, typer.Option("--page-size", help="Tokens per page [64].")] = None,
+    page_size: Annotated[
+        IntOpt, typer.Option("--page-size", help="Tokens per page (default: 64).")
+    ] = None,
     max_view_tokens: Annotated[
         IntOpt,
         typer.Option(
             "--max-view-tokens",
-            help="Largest view one batch reads at level >= 2; sizes the scratch [131072].",
+            help="Largest view one batch reads at level >= 2; sizes the scratch (default: 131072).",
         ),
     ] = None,
     as_json: JsonOpt = False,
