@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cpkv import flag_commands, plan_command
+from cpkv import flag_commands, plan_command, trace_command
 from cpkv.bench import run_bench
 from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
@@ -278,6 +278,7 @@ def pd(
 
 flag_commands.register(app)
 plan_command.register(app)
+app.add_typer(trace_command.app)
 
 
 def main() -> None:
