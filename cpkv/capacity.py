@@ -22,57 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
-from cpkv.kv_bytes import KvCacheDtype, kv_bytes_per_token_per_layer
+from cpkv.kv_bytes import kv_bytes_per_token_per_layer
 from cpkv.memory_budget import MemoryBudget, memory_budget, sglang_default_chunk_and_graph_bs
+from cpkv.plan_inputs import PlanInputs
 from cpkv.weights import ParallelLayout, RankWeights, parallel_layout, weights_per_rank
 from cpkv_core.config import ModelConfig, WeightDtype, model_preset
 from phases import PhaseId
 
-DEFAULT_PAGE_SIZE = 64
-"""Tokens per KV page of the NSA models."""
-DEFAULT_MAX_VIEW_TOKENS = 131072
-"""Tokens of the largest materialized view: one 128k-token request."""
 REPLICATED_LEVEL = 0
 """The phase-0 baseline: every CP rank stores every token."""
 SHARDED_LEVEL = int(PhaseId.SHARDED_KV)
 """The first sharded level; levels 3..5 store exactly what level 2 stores."""
-
-
-class PlanInputs(BaseModel):
-    """What a capacity plan is asked for; None means the default described."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: str
-    """Model preset name (``deepseek-v3.2``, ``glm-5``, ``tiny``)."""
-    gpu_mem_gib: float
-    """GPU memory per rank, in GiB (2**30 bytes)."""
-    cp_size: int = 1
-    """CP ranks sharing the KV; 1 means CP off."""
-    tp_size: int | None = None
-    """Ranks of the model instance (SGLang's ``--tp``); None means ``dp_attention x cp_size``."""
-    ep_size: int = 1
-    """Expert-parallel ranks; 1 means experts are TP-sliced."""
-    dp_attention: int = 1
-    """Attention-DP groups (SGLang's ``--dp`` with ``--enable-dp-attention``); 1 means off."""
-    weight_dtype: WeightDtype | None = None
-    """Dtype of the linear layers; None means the preset's published checkpoint."""
-    kv_cache_dtype: KvCacheDtype = KvCacheDtype.AUTO
-    """Storage of the MLA latent KV."""
-    page_size: int = DEFAULT_PAGE_SIZE
-    """Tokens per KV page."""
-    mem_fraction_static: float | None = None
-    """Share of GPU memory for weights and KV (SGLang's meaning); None derives it."""
-    reserve_gib: float | None = None
-    """GiB kept for activations and CUDA graphs; sets the fraction to ``1 - reserve/gpu``."""
-    chunked_prefill_size: int | None = None
-    """Chunk size SGLang's default reserve is sized for; None means SGLang's default."""
-    cuda_graph_max_bs: int | None = None
-    """CUDA-graph batch SGLang's default reserve is sized for; None means SGLang's default."""
-    max_view_tokens: int = DEFAULT_MAX_VIEW_TOKENS
-    """Tokens of the largest view (history + current) one batch reads at level >= 2."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +191,45 @@ def _check_weights_fit(weights: RankWeights, budget: MemoryBudget, layout: Paral
     return pool
 
 
+def _replicated(pool: int, per_token: int, page: int, context: int) -> LevelCapacity:
+    tokens = _whole_pages(pool, per_token, page)
+    if tokens == 0:
+        raise ValueError(
+            f"the KV pool per rank ({_gib(pool)} after weights) does not hold one page "
+            f"({page} tokens x {per_token} B); raise --gpu-mem-gib or --mem-fraction-static"
+        )
+    longest = _longest_request({"kv_pool": tokens, "model_context": context})
+    return LevelCapacity(REPLICATED_LEVEL, float(per_token), 0, pool, tokens, tokens, *longest)
+
+
+def _sharded(
+    inputs: PlanInputs, pool: int, per_layer: int, model: ModelConfig, cp: int
+) -> LevelCapacity:
+    per_token, view = per_layer * model.num_layers, inputs.max_view_tokens
+    scratch = view * per_layer
+    tokens = _whole_pages(pool - scratch, per_token, inputs.page_size)
+    if tokens == 0:
+        raise ValueError(
+            f"the KV pool per rank ({_gib(pool)} after weights) does not cover the level >= 2 "
+            f"materialization scratch ({view} view tokens x {per_layer} B, one layer) plus one "
+            f"page; raise --gpu-mem-gib or --mem-fraction-static, or lower --max-view-tokens"
+        )
+    limits = {
+        "kv_pool": cp * tokens,
+        "max_view_tokens": view,
+        "model_context": model.max_context_len,
+    }
+    return LevelCapacity(
+        SHARDED_LEVEL,
+        per_token / cp,
+        scratch,
+        pool - scratch,
+        tokens,
+        cp * tokens,
+        *_longest_request(limits),
+    )
+
+
 def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
     """KV memory and token capacity per rank and per deployment, at level 0 and level >= 2.
 
@@ -239,35 +238,15 @@ def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
             pool that does not hold one page at level 0, or the scratch plus one page at
             level >= 2.
     """
-    model: ModelConfig = model_preset(inputs.model)
+    model = model_preset(inputs.model)
     _check_sizes(inputs)
-    layout = parallel_layout(
-        inputs.tp_size or inputs.dp_attention * inputs.cp_size,
-        inputs.ep_size,
-        inputs.dp_attention,
-        inputs.cp_size,
-    )
+    tp_size = inputs.tp_size or inputs.dp_attention * inputs.cp_size
+    layout = parallel_layout(tp_size, inputs.ep_size, inputs.dp_attention, inputs.cp_size)
     budget = _budget(inputs, layout)
     weights = weights_per_rank(model, layout, inputs.weight_dtype)
     pool = _check_weights_fit(weights, budget, layout)
     per_layer = kv_bytes_per_token_per_layer(model, inputs.kv_cache_dtype)
-    per_token, page = per_layer * model.num_layers, inputs.page_size
-    replicated_tokens = _whole_pages(pool, per_token, page)
-    if replicated_tokens == 0:
-        raise ValueError(
-            f"the KV pool per rank ({_gib(pool)} after weights) does not hold one page "
-            f"({page} tokens x {per_token} B); raise --gpu-mem-gib or --mem-fraction-static"
-        )
-    scratch = inputs.max_view_tokens * per_layer
-    sharded_tokens = _whole_pages(pool - scratch, per_token, page)
-    if sharded_tokens == 0:
-        raise ValueError(
-            f"the KV pool per rank ({_gib(pool)} after weights) does not cover the level >= 2 "
-            f"materialization scratch ({inputs.max_view_tokens} view tokens x {per_layer} B, "
-            f"one layer) plus one page; raise --gpu-mem-gib or --mem-fraction-static, or "
-            f"lower --max-view-tokens"
-        )
-    cp, context = layout.cp_size, model.max_context_len
+    per_token = per_layer * model.num_layers
     return CapacityPlan(
         inputs=inputs,
         layout=layout,
@@ -275,29 +254,7 @@ def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
         weights=weights,
         bytes_per_token_per_layer=per_layer,
         num_layers=model.num_layers,
-        max_context_len=context,
-        replicated=LevelCapacity(
-            REPLICATED_LEVEL,
-            float(per_token),
-            0,
-            pool,
-            replicated_tokens,
-            replicated_tokens,
-            *_longest_request({"kv_pool": replicated_tokens, "model_context": context}),
-        ),
-        sharded=LevelCapacity(
-            SHARDED_LEVEL,
-            per_token / cp,
-            scratch,
-            pool - scratch,
-            sharded_tokens,
-            cp * sharded_tokens,
-            *_longest_request(
-                {
-                    "kv_pool": cp * sharded_tokens,
-                    "max_view_tokens": inputs.max_view_tokens,
-                    "model_context": context,
-                }
-            ),
-        ),
+        max_context_len=model.max_context_len,
+        replicated=_replicated(pool, per_token, inputs.page_size, model.max_context_len),
+        sharded=_sharded(inputs, pool, per_layer, model, layout.cp_size),
     )

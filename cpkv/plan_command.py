@@ -13,10 +13,11 @@ from typing import Annotated, Any
 
 import typer
 
-from cpkv.capacity import PlanInputs, plan_capacity
+from cpkv.capacity import plan_capacity
 from cpkv.console import BadInput, JsonOpt, bad_input_exits, emit, out
 from cpkv.kv_bytes import parse_kv_cache_dtype
 from cpkv.model_paths import preset_for_model_path
+from cpkv.plan_inputs import PlanInputs
 from cpkv.plan_render import render_plan
 from cpkv.sglang_plan import SglangPlanArgs, read_sglang_plan
 from cpkv_core.config import MODEL_PRESETS, WeightDtype

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cpkv.capacity import PlanInputs, plan_capacity
+from cpkv.capacity import plan_capacity
 from cpkv.cli import app
+from cpkv.plan_inputs import PlanInputs
 from cpkv_core.config import model_preset
 
 runner = CliRunner()
