@@ -1,46 +1,34 @@
-"""KV memory and token capacity of a CP deployment, replicated (level 0) vs sharded (>= 2).
+"""KV capacity of a CP deployment per rank, weights counted; the entry point is
+:func:`plan_capacity`. Pure integer arithmetic, no torch; ``docs/capacity.md`` works one
+deployment by hand.
 
-Pure integer arithmetic, no torch; the entry point is :func:`plan_capacity`. Every figure
-is defined in ``docs/capacity.md``; in short:
+Per rank, in order:
 
-- ``B`` = bytes one token's KV occupies over all layers in production storage: per layer
-  the MLA latent KV (``kv_lora_rank + qk_rope_head_dim`` elements in bf16), the indexer
-  key (``index_head_dim`` bytes in fp8 e4m3) and its fp32 scale, times ``num_layers``.
-  Every preset is planned with production storage, ``tiny`` included (its test-vehicle
-  pools store fp32 latent).
-- KV budget per rank = ``gpu_mem_gib * 2**30 * mem_fraction`` bytes, rounded down.
-- Level 0 (replicated): every rank stores every token, so a rank and the deployment both
-  hold ``budget // B`` tokens, rounded down to whole pages.
-- Level >= 2 (sharded, ``owner(page) = page % cp_size``): a rank stores only the pages it
-  owns, ``(budget - scratch) // B`` tokens rounded down to whole pages, and the deployment
-  holds ``cp_size`` times that. ``scratch`` is the full-view materialization buffer: one
-  layer's bytes for ``max_view_tokens`` tokens (the buffer is reused layer by layer).
-  Phases 3..5 change the bytes moved, not the bytes stored, so they share level 2's figures.
+1. **weights** (:mod:`cpkv.weights`): the preset's parameter counts placed as SGLang
+   places them for ``tp_size``, ``ep_size``, ``dp_attention`` and ``cp_size``;
+2. **KV pool** = ``gpu x mem_fraction_static - weights`` (:mod:`cpkv.memory_budget`);
+3. **level >= 2 scratch**: the full-view materialization buffer, one layer's bytes for
+   ``max_view_tokens`` tokens, taken from the pool;
+4. **tokens** = pool // ``B`` rounded down to whole pages, ``B`` being one token's bytes
+   over all layers (:mod:`cpkv.kv_bytes`).
+
+Level 0 (replicated) stores every token on every rank. Levels >= 2 store a page only on
+its owner (``page % cp_size``), so the CP group caches ``cp_size`` times what one pool
+holds; levels 3..5 store what level 2 stores.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
-from cpkv_core.config import IndexKDtype, ModelConfig
-from cpkv_core.runtime import kv_bytes_per_token
+from cpkv.kv_bytes import kv_bytes_per_token_per_layer
+from cpkv.memory_budget import MemoryBudget, memory_budget, sglang_default_chunk_and_graph_bs
+from cpkv.plan_inputs import PlanInputs
+from cpkv.weights import ParallelLayout, RankWeights, parallel_layout, weights_per_rank
+from cpkv_core.config import ModelConfig, WeightDtype, model_preset
 from phases import PhaseId
 
-GIB = 2**30
-"""Bytes in one GiB."""
-BF16_ITEMSIZE = 2
-"""Bytes per MLA latent element in production storage (bf16)."""
-PRODUCTION_INDEX_K_DTYPE = IndexKDtype.FP8_E4M3
-"""Index K storage of the production models: fp8 e4m3 plus one fp32 scale per token."""
-DEFAULT_MEM_FRACTION = 0.85
-"""Share of GPU memory given to the KV pool (weights and activations are budgeted elsewhere)."""
-DEFAULT_PAGE_SIZE = 64
-"""Tokens per KV page of the NSA models."""
-DEFAULT_MAX_VIEW_TOKENS = 131072
-"""Tokens of the largest materialized view: one 128k-token request."""
 REPLICATED_LEVEL = 0
 """The phase-0 baseline: every CP rank stores every token."""
 SHARDED_LEVEL = int(PhaseId.SHARDED_KV)
@@ -49,11 +37,10 @@ SHARDED_LEVEL = int(PhaseId.SHARDED_KV)
 
 @dataclass(frozen=True, slots=True)
 class LevelCapacity:
-    """KV memory and token capacity of one level, per rank and per deployment.
+    """KV memory and token capacity of one level.
 
-    Invariant: ``tokens_per_rank`` is a whole number of pages and
-    ``tokens_per_deployment`` is ``tokens_per_rank`` (replicated) or
-    ``cp_size * tokens_per_rank`` (sharded).
+    Invariant: ``tokens_per_rank`` is a whole number of pages and ``tokens_per_deployment``
+    is ``tokens_per_rank`` (replicated) or ``cp_size * tokens_per_rank`` (sharded).
     """
 
     level: int
@@ -61,11 +48,17 @@ class LevelCapacity:
     kv_bytes_per_token_per_rank: float
     """Bytes one logical token costs each rank, all layers: ``B`` or ``B / cp_size``."""
     scratch_bytes_per_rank: int
-    """Bytes of the full-view materialization buffer taken from the KV budget; 0 at level 0."""
+    """Bytes of the materialization buffer taken from the pool; 0 at level 0."""
+    kv_pool_bytes_per_rank: int
+    """Bytes left for KV pages: static share less weights less scratch."""
     tokens_per_rank: int
     """Tokens whose KV one rank's pool stores, rounded down to whole pages."""
     tokens_per_deployment: int
-    """Logical tokens the CP group can cache together."""
+    """Logical tokens the CP group caches together."""
+    max_request_tokens: int
+    """The longest context one request can hold at this level."""
+    max_request_limit: str
+    """What sets it: ``kv_pool``, ``max_view_tokens`` or ``model_context``."""
 
     def to_json(self) -> dict[str, Any]:
         """The stable JSON form (keys as in ``docs/capacity.md``)."""
@@ -73,8 +66,11 @@ class LevelCapacity:
             "level": self.level,
             "kv_bytes_per_token_per_rank": self.kv_bytes_per_token_per_rank,
             "scratch_bytes_per_rank": self.scratch_bytes_per_rank,
+            "kv_pool_bytes_per_rank": self.kv_pool_bytes_per_rank,
             "tokens_per_rank": self.tokens_per_rank,
             "tokens_per_deployment": self.tokens_per_deployment,
+            "max_request_tokens": self.max_request_tokens,
+            "max_request_limit": self.max_request_limit,
         }
 
 
@@ -85,28 +81,27 @@ class CapacityPlan:
     Invariant: both levels hold at least one page per rank, so ``capacity_gain`` is defined.
     """
 
-    model: str
-    """Model preset name."""
-    cp_size: int
-    """CP ranks sharing the KV."""
-    page_size: int
-    """Tokens per KV page."""
-    gpu_mem_gib: float
-    """GPU memory per rank, in GiB (2**30 bytes)."""
-    mem_fraction: float
-    """Share of GPU memory given to the KV pool, in (0, 1]."""
-    max_view_tokens: int
-    """Tokens of the largest materialized view one batch reads in one layer."""
-    kv_budget_bytes_per_rank: int
-    """``gpu_mem_gib * 2**30 * mem_fraction``, rounded down to a byte."""
+    inputs: PlanInputs
+    layout: ParallelLayout
+    budget: MemoryBudget
+    weights: RankWeights
     bytes_per_token_per_layer: int
-    """Production bytes of one token in one layer: bf16 latent, fp8 index K, fp32 scale."""
-    bytes_per_token_all_layers: int
-    """``bytes_per_token_per_layer * num_layers``: ``B`` in the docs."""
+    """One token in one layer: latent plus index K and scale."""
+    num_layers: int
+    max_context_len: int
+    """The model's longest sequence (``max_position_embeddings``)."""
     replicated: LevelCapacity
-    """Level 0."""
     sharded: LevelCapacity
-    """Level 2 (and 3..5)."""
+
+    @property
+    def bytes_per_token_all_layers(self) -> int:
+        """``B``: one token over all layers."""
+        return self.bytes_per_token_per_layer * self.num_layers
+
+    @property
+    def kv_budget_bytes_per_rank(self) -> int:
+        """The static share less the weights: the level-0 pool."""
+        return self.budget.static_bytes - self.weights.bytes_per_rank
 
     @property
     def levels(self) -> tuple[LevelCapacity, LevelCapacity]:
@@ -121,12 +116,15 @@ class CapacityPlan:
     def to_json(self) -> dict[str, Any]:
         """The stable JSON document of ``cpkv plan --json``."""
         return {
-            "model": self.model,
-            "cp_size": self.cp_size,
-            "page_size": self.page_size,
-            "gpu_mem_gib": self.gpu_mem_gib,
-            "mem_fraction": self.mem_fraction,
-            "max_view_tokens": self.max_view_tokens,
+            "model": self.inputs.model,
+            **self.layout.to_json(),
+            "page_size": self.inputs.page_size,
+            "gpu_mem_gib": self.inputs.gpu_mem_gib,
+            "kv_cache_dtype": str(self.inputs.kv_cache_dtype),
+            "max_view_tokens": self.inputs.max_view_tokens,
+            "max_context_len": self.max_context_len,
+            "memory": self.budget.to_json(),
+            "weights": self.weights.to_json(),
             "kv_budget_bytes_per_rank": self.kv_budget_bytes_per_rank,
             "bytes_per_token_per_layer": self.bytes_per_token_per_layer,
             "bytes_per_token_all_layers": self.bytes_per_token_all_layers,
@@ -135,27 +133,8 @@ class CapacityPlan:
         }
 
 
-def production_bytes_per_token_per_layer(model: ModelConfig) -> int:
-    """Bytes one token occupies in one layer in production storage.
-
-    ``kv_dim * 2`` (bf16 latent) ``+ index_head_dim`` (fp8 index K) ``+ 4`` (fp32 scale):
-    1,284 for DeepSeek-V3.2 and GLM-5.
-    """
-    return kv_bytes_per_token(model, PRODUCTION_INDEX_K_DTYPE, latent_itemsize=BF16_ITEMSIZE)
-
-
-def kv_budget_bytes(gpu_mem_gib: float, mem_fraction: float) -> int:
-    """``gpu_mem_gib * 2**30 * mem_fraction`` bytes, rounded down.
-
-    NOTE: computed on the decimal values as written (``0.85`` is 17/20), so the figure is
-    the one a person gets by hand, not one byte below it from binary rounding.
-    """
-    exact = Fraction(repr(gpu_mem_gib)) * GIB * Fraction(repr(mem_fraction))
-    return math.floor(exact)
-
-
-def _mib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**20:,.1f} MiB"
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:,.2f} GiB"
 
 
 def _whole_pages(num_bytes: int, bytes_per_token: int, page_size: int) -> int:
@@ -165,89 +144,117 @@ def _whole_pages(num_bytes: int, bytes_per_token: int, page_size: int) -> int:
     return num_bytes // bytes_per_token // page_size * page_size
 
 
-def _check_inputs(
-    cp_size: int, page_size: int, gpu_mem_gib: float, mem_fraction: float, max_view_tokens: int
-) -> None:
-    if cp_size < 1:
-        raise ValueError(f"cp_size must be >= 1 (1 means CP off), got {cp_size}")
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1 token, got {page_size}")
-    if not (math.isfinite(gpu_mem_gib) and gpu_mem_gib > 0):
-        raise ValueError(f"gpu_mem_gib must be a finite number > 0, got {gpu_mem_gib}")
-    if not 0 < mem_fraction <= 1:
+def _longest_request(limits: dict[str, int]) -> tuple[int, str]:
+    """The smallest limit and its name (first of equals, in ``limits`` order)."""
+    name = min(limits, key=lambda key: limits[key])
+    return limits[name], name
+
+
+def _budget(inputs: PlanInputs, layout: ParallelLayout) -> MemoryBudget:
+    chunk, graph_bs = sglang_default_chunk_and_graph_bs(inputs.gpu_mem_gib, layout.tp_size)
+    if inputs.chunked_prefill_size is not None:
+        chunk = inputs.chunked_prefill_size
+    if inputs.cuda_graph_max_bs is not None:
+        graph_bs = inputs.cuda_graph_max_bs
+    return memory_budget(
+        inputs.gpu_mem_gib,
+        inputs.mem_fraction_static,
+        inputs.reserve_gib,
+        chunked_prefill_size=chunk,
+        cuda_graph_max_bs=graph_bs,
+        tp_size=layout.tp_size,
+        dp_attention=layout.dp_attention,
+    )
+
+
+def _check_sizes(inputs: PlanInputs) -> None:
+    if inputs.page_size < 1:
+        raise ValueError(f"page_size must be >= 1 token, got {inputs.page_size}")
+    if inputs.max_view_tokens < 1:
+        raise ValueError(f"max_view_tokens must be >= 1, got {inputs.max_view_tokens}")
+
+
+def _check_weights_fit(weights: RankWeights, budget: MemoryBudget, layout: ParallelLayout) -> int:
+    """The level-0 pool; refuses when the weights alone fill the static share."""
+    pool = budget.static_bytes - weights.bytes_per_rank
+    fp8_hint = (
+        ", load fp8 weights (--weight-dtype fp8)," if weights.dtype is WeightDtype.BF16 else ""
+    )
+    if pool <= 0:
         raise ValueError(
-            f"mem_fraction must be in (0, 1] (the share of GPU memory for the KV pool), "
-            f"got {mem_fraction}"
+            f"the weights alone do not fit: {_gib(weights.bytes_per_rank)} per rank "
+            f"({weights.dtype}, tp_size={layout.tp_size}, attn_tp_size={layout.attn_tp_size}) "
+            f"against a static share of {_gib(budget.static_bytes)} (gpu "
+            f"{_gib(budget.gpu_bytes)} x mem_fraction_static {budget.mem_fraction_static:g}); "
+            f"raise --tp-size{fp8_hint} or plan a larger GPU"
         )
-    if max_view_tokens < 1:
-        raise ValueError(f"max_view_tokens must be >= 1, got {max_view_tokens}")
+    return pool
 
 
-def plan_capacity(
-    model: ModelConfig,
-    cp_size: int,
-    page_size: int = DEFAULT_PAGE_SIZE,
-    gpu_mem_gib: float = 80.0,
-    mem_fraction: float = DEFAULT_MEM_FRACTION,
-    max_view_tokens: int = DEFAULT_MAX_VIEW_TOKENS,
-) -> CapacityPlan:
+def _replicated(pool: int, per_token: int, page: int, context: int) -> LevelCapacity:
+    tokens = _whole_pages(pool, per_token, page)
+    if tokens == 0:
+        raise ValueError(
+            f"the KV pool per rank ({_gib(pool)} after weights) does not hold one page "
+            f"({page} tokens x {per_token} B); raise --gpu-mem-gib or --mem-fraction-static"
+        )
+    longest = _longest_request({"kv_pool": tokens, "model_context": context})
+    return LevelCapacity(REPLICATED_LEVEL, float(per_token), 0, pool, tokens, tokens, *longest)
+
+
+def _sharded(
+    inputs: PlanInputs, pool: int, per_layer: int, model: ModelConfig, cp: int
+) -> LevelCapacity:
+    per_token, view = per_layer * model.num_layers, inputs.max_view_tokens
+    scratch = view * per_layer
+    tokens = _whole_pages(pool - scratch, per_token, inputs.page_size)
+    if tokens == 0:
+        raise ValueError(
+            f"the KV pool per rank ({_gib(pool)} after weights) does not cover the level >= 2 "
+            f"materialization scratch ({view} view tokens x {per_layer} B, one layer) plus one "
+            f"page; raise --gpu-mem-gib or --mem-fraction-static, or lower --max-view-tokens"
+        )
+    limits = {
+        "kv_pool": cp * tokens,
+        "max_view_tokens": view,
+        "model_context": model.max_context_len,
+    }
+    return LevelCapacity(
+        SHARDED_LEVEL,
+        per_token / cp,
+        scratch,
+        pool - scratch,
+        tokens,
+        cp * tokens,
+        *_longest_request(limits),
+    )
+
+
+def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
     """KV memory and token capacity per rank and per deployment, at level 0 and level >= 2.
 
-    Args:
-        model: model dimensions; planned with production storage whatever the preset.
-        cp_size: CP ranks; at level >= 2 each stores the pages ``page % cp_size`` names it.
-        page_size: tokens per KV page; capacities are rounded down to whole pages.
-        gpu_mem_gib: GPU memory per rank, in GiB.
-        mem_fraction: share of GPU memory given to the KV pool, in (0, 1].
-        max_view_tokens: tokens of the largest full view materialization builds for one
-            layer at level >= 2; its bytes are taken from the KV budget.
-
     Raises:
-        ValueError: an input is out of range, or the budget does not hold one page at
-            level 0, or the scratch plus one page at level >= 2.
+        ValueError: an input out of range, weights that do not fit the static share, or a
+            pool that does not hold one page at level 0, or the scratch plus one page at
+            level >= 2.
     """
-    _check_inputs(cp_size, page_size, gpu_mem_gib, mem_fraction, max_view_tokens)
-    per_layer = production_bytes_per_token_per_layer(model)
+    model = model_preset(inputs.model)
+    _check_sizes(inputs)
+    tp_size = inputs.tp_size or inputs.dp_attention * inputs.cp_size
+    layout = parallel_layout(tp_size, inputs.ep_size, inputs.dp_attention, inputs.cp_size)
+    budget = _budget(inputs, layout)
+    weights = weights_per_rank(model, layout, inputs.weight_dtype)
+    pool = _check_weights_fit(weights, budget, layout)
+    per_layer = kv_bytes_per_token_per_layer(model, inputs.kv_cache_dtype)
     per_token = per_layer * model.num_layers
-    budget = kv_budget_bytes(gpu_mem_gib, mem_fraction)
-    page_bytes = page_size * per_token
-    replicated_tokens = _whole_pages(budget, per_token, page_size)
-    if replicated_tokens == 0:
-        raise ValueError(
-            f"KV budget per rank {_mib(budget)} does not hold one page ({_mib(page_bytes)} = "
-            f"{page_size} tokens x {per_token} B); raise gpu_mem_gib or mem_fraction"
-        )
-    scratch = max_view_tokens * per_layer
-    sharded_tokens = _whole_pages(budget - scratch, per_token, page_size)
-    if sharded_tokens == 0:
-        raise ValueError(
-            f"KV budget per rank {_mib(budget)} does not cover the level >= 2 materialization "
-            f"scratch {_mib(scratch)} ({max_view_tokens} view tokens x {per_layer} B, one "
-            f"layer) plus one page ({_mib(page_bytes)}); raise gpu_mem_gib or mem_fraction, "
-            f"or lower max_view_tokens"
-        )
     return CapacityPlan(
-        model=model.name,
-        cp_size=cp_size,
-        page_size=page_size,
-        gpu_mem_gib=gpu_mem_gib,
-        mem_fraction=mem_fraction,
-        max_view_tokens=max_view_tokens,
-        kv_budget_bytes_per_rank=budget,
+        inputs=inputs,
+        layout=layout,
+        budget=budget,
+        weights=weights,
         bytes_per_token_per_layer=per_layer,
-        bytes_per_token_all_layers=per_token,
-        replicated=LevelCapacity(
-            level=REPLICATED_LEVEL,
-            kv_bytes_per_token_per_rank=float(per_token),
-            scratch_bytes_per_rank=0,
-            tokens_per_rank=replicated_tokens,
-            tokens_per_deployment=replicated_tokens,
-        ),
-        sharded=LevelCapacity(
-            level=SHARDED_LEVEL,
-            kv_bytes_per_token_per_rank=per_token / cp_size,
-            scratch_bytes_per_rank=scratch,
-            tokens_per_rank=sharded_tokens,
-            tokens_per_deployment=cp_size * sharded_tokens,
-        ),
+        num_layers=model.num_layers,
+        max_context_len=model.max_context_len,
+        replicated=_replicated(pool, per_token, inputs.page_size, model.max_context_len),
+        sharded=_sharded(inputs, pool, per_layer, model, layout.cp_size),
     )

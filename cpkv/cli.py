@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cpkv import flag_commands, plan_command
+from cpkv import flag_commands, plan_command, trace_command
 from cpkv.bench import run_bench
 from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
@@ -24,6 +24,7 @@ from cpkv.report import (
     render_demo,
     render_dry_run,
     render_explain,
+    render_explain_summary,
     render_pd,
     render_phases,
     render_verify_table,
@@ -161,14 +162,19 @@ def explain(
     cp_size: CpSizeOpt = None,
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
+    summary: Annotated[
+        bool, typer.Option("--summary", help="Only the phase mix, not every batch's plan.")
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """The gate's BatchPlan for every batch of TRACE, with reasons, and a summary by phase."""
+    """The gate's BatchPlan for every batch of TRACE, with reasons, and the phase mix: the
+    share of batches and tokens per phase, and fallback reasons counted by code."""
     with bad_input_exits():
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
         trace = load_trace(trace_path, settings.deploy.page_size)
     report = explain_trace(trace.batches, settings.enabled, settings.deploy, settings.ceiling)
-    emit(as_json, report.to_json(), lambda: render_explain(out, report))
+    render = render_explain_summary if summary else render_explain
+    emit(as_json, report.to_json(summary_only=summary), lambda: render(out, report))
 
 
 @app.command("phases")
@@ -333,6 +339,7 @@ def _dry_run_exit(
 
 flag_commands.register(app)
 plan_command.register(app)
+app.add_typer(trace_command.app)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpkv.loop import HostLoop
+from cpkv.phase_mix import PhaseMix, phase_mix
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec, pages_for_trace
 from phases import BatchPlan, PhaseId
@@ -45,8 +46,13 @@ class ExplainReport:
     batches: tuple[BatchSpec, ...]
     plans: tuple[BatchPlan, ...]
 
+    def mix(self) -> PhaseMix:
+        """The share of batches and tokens per phase, and fallback codes per enabled phase."""
+        return phase_mix(self.batches, self.plans, self.enabled)
+
     def summary(self) -> dict[str, Any]:
-        """Batches and tokens per chosen phase, and reason codes counted per phase."""
+        """Batches and tokens per chosen phase, reason codes counted per phase, and the
+        phase mix (shares and fallbacks)."""
         batches: Counter[int] = Counter()
         tokens: Counter[int] = Counter()
         reasons: dict[int, Counter[str]] = {int(p): Counter() for p in PhaseId}
@@ -59,21 +65,23 @@ class ExplainReport:
             "batches_by_phase": {str(k): v for k, v in sorted(batches.items())},
             "tokens_by_phase": {str(k): v for k, v in sorted(tokens.items())},
             "reasons_by_phase": {str(k): dict(sorted(v.items())) for k, v in reasons.items()},
-        }
+        } | self.mix().to_json()
 
-    def to_json(self) -> dict[str, Any]:
-        """The stable JSON document of ``cpkv explain --json``."""
-        return {
+    def to_json(self, summary_only: bool = False) -> dict[str, Any]:
+        """The stable JSON document of ``cpkv explain --json``; ``summary_only`` leaves out
+        the per-batch plans (``--summary``)."""
+        document: dict[str, Any] = {
             "deployment": self.deploy.model_dump(mode="json"),
             "enabled": sorted(int(p) for p in self.enabled),
             "ceiling": self.ceiling,
-            "batches": [
+        }
+        if not summary_only:
+            document["batches"] = [
                 {"batch": b.batch, "tokens": b.num_tokens, "requests": len(b.requests)}
                 | plan_to_json(plan)
                 for b, plan in zip(self.batches, self.plans, strict=True)
-            ],
-            "summary": self.summary(),
-        }
+            ]
+        return document | {"summary": self.summary()}
 
 
 def explain_trace(

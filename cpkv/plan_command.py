@@ -1,116 +1,162 @@
-"""``cpkv plan``: KV memory and token capacity, replicated vs sharded; :func:`register` adds it.
+"""``cpkv plan``: weights, KV pool and token capacity per rank; :func:`register` adds it.
 
-Exit codes: 0 ok; 2 bad input (unknown model, an option out of range, or a budget that does
-not cover one page, or at level >= 2 the materialization scratch plus one page).
+Values come from defaults < an SGLang launch command (``--from-sglang``) < the command's own
+options, and the JSON document says where each came from.
+
+Exit codes: 0 ok; 2 bad input (unknown model or model path, an option out of range, sizes
+SGLang would refuse, weights that do not fit, or a pool that does not hold one page).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from cpkv.capacity import (
-    DEFAULT_MAX_VIEW_TOKENS,
-    DEFAULT_MEM_FRACTION,
-    DEFAULT_PAGE_SIZE,
-    REPLICATED_LEVEL,
-    CapacityPlan,
-    LevelCapacity,
-    plan_capacity,
-)
-from cpkv.console import bad_input_exits, emit, out
-from cpkv.report import human_bytes
-from cpkv_core.config import MODEL_PRESETS, model_preset
+from cpkv.capacity import plan_capacity
+from cpkv.console import BadInput, JsonOpt, bad_input_exits, emit, out
+from cpkv.kv_bytes import parse_kv_cache_dtype
+from cpkv.model_paths import preset_for_model_path
+from cpkv.plan_inputs import PlanInputs
+from cpkv.plan_render import render_plan
+from cpkv.sglang_plan import SglangPlanArgs, read_sglang_plan
+from cpkv_core.config import MODEL_PRESETS, WeightDtype
 
 MODEL_CHOICES = "|".join(MODEL_PRESETS)
 
+IntOpt = int | None
+FloatOpt = float | None
+
 
 def plan_command(
-    model_name: Annotated[
-        str, typer.Option("--model", help=f"Model preset: {MODEL_CHOICES}.", show_default=False)
-    ],
-    cp_size: Annotated[int, typer.Option("--cp-size", help="CP ranks sharing the KV.")],
     gpu_mem_gib: Annotated[
         float, typer.Option("--gpu-mem-gib", help="GPU memory per rank, in GiB.")
     ],
-    mem_fraction: Annotated[
-        float,
+    model_name: Annotated[
+        str | None, typer.Option("--model", help=f"Model preset: {MODEL_CHOICES}.")
+    ] = None,
+    model_path: Annotated[
+        str | None,
+        typer.Option("--model-path", help="SGLang's --model-path, e.g. deepseek-ai/DeepSeek-V3.2."),
+    ] = None,
+    from_sglang: Annotated[
+        str | None,
         typer.Option(
-            "--mem-fraction",
-            help="Share of GPU memory given to the KV pool, in (0, 1]; weights and "
-            "activations are budgeted outside it.",
+            "--from-sglang",
+            help="Read model, sizes, memory fraction, KV dtype from "
+            "an SGLang launch command; the options below override it.",
         ),
-    ] = DEFAULT_MEM_FRACTION,
+    ] = None,
+    cp_size: Annotated[IntOpt, typer.Option("--cp-size", help="CP ranks (default: 1).")] = None,
+    tp_size: Annotated[
+        IntOpt, typer.Option("--tp-size", help="Ranks of the model instance (default: dp x cp).")
+    ] = None,
+    ep_size: Annotated[
+        IntOpt, typer.Option("--ep-size", help="Expert-parallel ranks (default: 1).")
+    ] = None,
+    dp_attention: Annotated[
+        IntOpt,
+        typer.Option("--dp-attention", help="Attention-DP groups; 1 means off (default: 1)."),
+    ] = None,
+    mem_fraction_static: Annotated[
+        FloatOpt,
+        typer.Option(
+            "--mem-fraction-static",
+            help="SGLang's share of GPU memory for weights and KV (default: as SGLang derives it).",
+        ),
+    ] = None,
+    reserve_gib: Annotated[
+        FloatOpt,
+        typer.Option(
+            "--reserve-gib",
+            help="GiB for activations and CUDA graphs; sets the fraction to 1 - reserve/gpu.",
+        ),
+    ] = None,
+    chunked_prefill_size: Annotated[
+        IntOpt, typer.Option("--chunked-prefill-size", help="Sizes SGLang's default reserve.")
+    ] = None,
+    cuda_graph_max_bs: Annotated[
+        IntOpt, typer.Option("--cuda-graph-max-bs", help="Sizes SGLang's default reserve.")
+    ] = None,
+    kv_cache_dtype: Annotated[
+        str | None,
+        typer.Option("--kv-cache-dtype", help="auto|bf16|fp8_e4m3 (default: auto = bf16)."),
+    ] = None,
+    weight_dtype: Annotated[
+        WeightDtype | None,
+        typer.Option("--weight-dtype", help="Linear-layer weights (default: the checkpoint's)."),
+    ] = None,
     page_size: Annotated[
-        int, typer.Option("--page-size", help="Tokens per KV page.")
-    ] = DEFAULT_PAGE_SIZE,
+        IntOpt, typer.Option("--page-size", help="Tokens per page (default: 64).")
+    ] = None,
     max_view_tokens: Annotated[
-        int,
+        IntOpt,
         typer.Option(
             "--max-view-tokens",
-            help="Tokens of the largest KV view one batch reads (history + current); sizes "
-            "the level >= 2 materialization scratch.",
+            help="Largest view one batch reads at level >= 2; sizes the scratch (default: 131072).",
         ),
-    ] = DEFAULT_MAX_VIEW_TOKENS,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON document on stdout.")
-    ] = False,
+    ] = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """KV memory and token capacity per rank and per deployment: level 0 (replicated KV)
-    vs levels >= 2 (sharded KV, materialization scratch counted)."""
+    """Weights, KV pool and token capacity per rank and per CP group: level 0 (replicated
+    KV) vs levels >= 2 (sharded KV, materialization scratch counted)."""
+    cli: dict[str, Any] = {
+        "gpu_mem_gib": gpu_mem_gib,
+        "cp_size": cp_size,
+        "tp_size": tp_size,
+        "ep_size": ep_size,
+        "dp_attention": dp_attention,
+        "mem_fraction_static": mem_fraction_static,
+        "reserve_gib": reserve_gib,
+        "chunked_prefill_size": chunked_prefill_size,
+        "cuda_graph_max_bs": cuda_graph_max_bs,
+        "weight_dtype": weight_dtype,
+        "page_size": page_size,
+        "max_view_tokens": max_view_tokens,
+    }
     with bad_input_exits():
-        model = model_preset(model_name)
-        plan = plan_capacity(model, cp_size, page_size, gpu_mem_gib, mem_fraction, max_view_tokens)
-    emit(as_json, plan.to_json(), lambda: render_plan(out, plan))
+        imported = read_sglang_plan(from_sglang) if from_sglang is not None else None
+        cli |= _model_options(model_name, model_path, kv_cache_dtype)
+        values = _merge(imported, {k: v for k, v in cli.items() if v is not None})
+        inputs = PlanInputs(**{name: value for name, (value, _) in values.items()})
+        plan = plan_capacity(inputs)
+    document = plan.to_json() | {"sources": _sources(values)}
+    if imported is not None:
+        document |= {"ignored_args": list(imported.ignored), "notes": list(imported.notes)}
+    emit(as_json, document, lambda: render_plan(out, plan, document))
 
 
-def _level_row(level: LevelCapacity, cp_size: int) -> tuple[str, ...]:
-    sharded = level.level != REPLICATED_LEVEL
-    return (
-        "2-5" if sharded else str(level.level),
-        f"sharded 1/{cp_size}" if sharded else "replicated",
-        human_bytes(level.kv_bytes_per_token_per_rank),
-        human_bytes(level.scratch_bytes_per_rank) if sharded else "-",
-        f"{level.tokens_per_rank:,}",
-        f"{level.tokens_per_deployment:,}",
-    )
+def _model_options(
+    model_name: str | None, model_path: str | None, kv_cache_dtype: str | None
+) -> dict[str, Any]:
+    if model_name is not None and model_path is not None:
+        raise BadInput("give --model or --model-path, not both")
+    options: dict[str, Any] = {"model": model_name}
+    if model_path is not None:
+        options["model"], options["model_weight_dtype"] = preset_for_model_path(model_path)
+    if kv_cache_dtype is not None:
+        options["kv_cache_dtype"] = parse_kv_cache_dtype(kv_cache_dtype)
+    return options
 
 
-def render_plan(console: Console, plan: CapacityPlan) -> None:
-    """What is counted, one row per level, and the capacity gain in one line."""
-    console.print(
-        f"{plan.model}: {plan.bytes_per_token_all_layers:,} B/token = "
-        f"{plan.bytes_per_token_per_layer:,} B/layer in production storage "
-        f"(bf16 latent, fp8 index K, fp32 scale) "
-        f"x {plan.bytes_per_token_all_layers // plan.bytes_per_token_per_layer} layers",
-        highlight=False,
-        markup=False,
-    )
-    console.print(
-        f"KV budget/rank {human_bytes(plan.kv_budget_bytes_per_rank)} = "
-        f"{plan.gpu_mem_gib:g} GiB x {plan.mem_fraction:g}; level >= 2 scratch = "
-        f"{plan.max_view_tokens:,} view tokens x {plan.bytes_per_token_per_layer:,} B (one layer)",
-        highlight=False,
-        markup=False,
-    )
-    title = f"{plan.model} cp_size={plan.cp_size} page_size={plan.page_size}"
-    table = Table(title=title)
-    for name in ("level", "KV"):
-        table.add_column(name, no_wrap=True)
-    for name in ("B/token/rank", "scratch", "tokens/rank", "tokens/deploy"):
-        table.add_column(name, justify="right", no_wrap=True)
-    for level in plan.levels:
-        table.add_row(*_level_row(level, plan.cp_size))
-    console.print(table)
-    console.print(
-        f"level >= 2 holds {plan.capacity_gain:.2f}x the tokens of level 0 "
-        f"(cp_size={plan.cp_size})",
-        highlight=False,
-        markup=False,
-    )
+def _merge(imported: SglangPlanArgs | None, cli: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """defaults < the SGLang command < the command line; ``{field: (value, source)}``."""
+    values: dict[str, tuple[Any, str]] = dict(imported.values) if imported is not None else {}
+    path_dtype = cli.pop("model_weight_dtype", None)
+    if path_dtype is not None and "weight_dtype" not in cli:
+        values["weight_dtype"] = (path_dtype, "cli:--model-path")
+    values |= {name: (value, "cli") for name, value in cli.items()}
+    if "model" not in values:
+        raise BadInput(
+            f"give --model {MODEL_CHOICES}, --model-path PATH, or --from-sglang with a --model-path"
+        )
+    return values
+
+
+def _sources(values: dict[str, tuple[Any, str]]) -> dict[str, str]:
+    return {
+        name: values[name][1] if name in values else "default" for name in PlanInputs.model_fields
+    }
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from cpkv.bench import BenchReport
 from cpkv.dry_run import DryRunReport
 from cpkv.explain import ExplainReport
 from cpkv.pd import PdReport
+from cpkv.phase_mix import render_phase_mix
 from cpkv.verify import VerifyReport
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.runtime import OUTPUT_ATOL
@@ -150,12 +151,18 @@ def render_explain(console: Console, report: ExplainReport) -> None:
             fallback_reasons(plan),
         )
     console.print(table)
-    summary = report.summary()
-    by_phase = ", ".join(
-        f"phase {k}: {v} batches / {summary['tokens_by_phase'][k]} tokens"
-        for k, v in summary["batches_by_phase"].items()
+    render_explain_summary(console, report)
+
+
+def render_explain_summary(console: Console, report: ExplainReport) -> None:
+    """The phase mix: shares of batches and tokens per phase, fallbacks by code."""
+    deploy = report.deploy
+    enabled = ",".join(str(int(p)) for p in sorted(report.enabled)) or "none"
+    title = (
+        f"phase mix, cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size} "
+        f"enabled={enabled}"
     )
-    console.print(f"summary: {by_phase}")
+    render_phase_mix(console, report.mix(), title)
 
 
 def render_phases(console: Console, rows: list[dict[str, Any]]) -> None:

@@ -45,6 +45,62 @@ class TransferBackend(StrEnum):
     FAKE = "fake"
 
 
+class WeightDtype(StrEnum):
+    """Storage of a checkpoint's linear-layer weights, as published."""
+
+    FP8 = "fp8"
+    """fp8 e4m3 with one fp32 scale per 128x128 block (DeepSeek's FP8 checkpoint format)."""
+    BF16 = "bf16"
+    """Plain bf16, 2 bytes a parameter."""
+
+
+class WeightSpec(BaseModel):
+    """Parameter counts of a checkpoint, grouped by how SGLang places them on ranks.
+
+    Counts cover every layer the server loads for prefill; the MTP (next-n) layer, loaded
+    only for speculative decoding, is left out. Embeddings, the LM head, norms and routers
+    stay bf16 in the FP8 checkpoints; the other groups are stored in ``linear_dtype``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attention_sharded_params: int = Field(ge=0)
+    """MLA ``q_b_proj``, ``kv_b_proj`` and ``o_proj``, all layers: split over attention TP."""
+    attention_replicated_params: int = Field(ge=0)
+    """MLA ``q_a_proj`` and ``kv_a_proj_with_mqa``, indexer ``wq_b`` and ``wk``, all layers:
+    every rank holds them whole."""
+    dense_mlp_params: int = Field(ge=0)
+    """MLPs of the dense layers and the shared experts: split over TP."""
+    routed_expert_params: int = Field(ge=0)
+    """Routed experts of every MoE layer: split over TP (EP groups times MoE TP)."""
+    embedding_params: int = Field(ge=0)
+    """Input embeddings (``vocab_size x hidden_size``), bf16: split over TP, whole under DP
+    attention."""
+    lm_head_params: int = Field(ge=0)
+    """The LM head (``hidden_size x vocab_size``, untied), bf16: split over TP."""
+    small_params: int = Field(ge=0)
+    """Norms, MoE routers and indexer ``weights_proj``, bf16: every rank holds them whole."""
+    linear_dtype: WeightDtype
+    """Dtype of the published checkpoint's linear layers (attention, MLPs, experts)."""
+    published_total_params: int | None = None
+    """Total parameters on the model card (main model), to check the counts against."""
+    published_active_params: int | None = None
+    """Activated parameters per token on the model card."""
+
+    @property
+    def total_params(self) -> int:
+        """Sum of every group."""
+        return (
+            self.attention_sharded_params
+            + self.attention_replicated_params
+            + self.dense_mlp_params
+            + self.routed_expert_params
+            + self.embedding_params
+            + self.lm_head_params
+            + self.small_params
+        )
+
+
 class ModelConfig(BaseModel):
     """Dimensions of a sparse-attention MLA model (MLA latent KV plus an NSA/DSA indexer).
 
@@ -75,6 +131,10 @@ class ModelConfig(BaseModel):
     """Vocabulary size (embedding rows and head columns)."""
     seed: int = 0
     """Seed of the deterministic test-vehicle weights; unused for the published presets."""
+    max_context_len: int = Field(default=65536, ge=1)
+    """Longest sequence the model takes (``max_position_embeddings``), in tokens."""
+    weights: WeightSpec | None = None
+    """Parameter counts and dtype of the checkpoint, for capacity planning; None if unknown."""
 
     @property
     def kv_dim(self) -> int:
@@ -96,8 +156,20 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         index_head_dim=32,
         index_topk=16,
         vocab_size=256,
+        max_context_len=65536,
+        # NOTE: the test vehicle's own tensors (cpkv_core/model.py), planned as bf16.
+        weights=WeightSpec(
+            attention_sharded_params=2 * (64 * 4 * 48 + 4 * 32 * 64),
+            attention_replicated_params=2 * (64 * 48 + 64 * 4 * 32 + 64 * 32),
+            dense_mlp_params=0,
+            routed_expert_params=0,
+            embedding_params=256 * 64 + 65536 * 64,
+            lm_head_params=64 * 256,
+            small_params=2 * (64 + 64 * 4) + 64,
+            linear_dtype=WeightDtype.BF16,
+        ),
     ),
-    # Published config of deepseek-ai/DeepSeek-V3.2-Exp.
+    # Published config of deepseek-ai/DeepSeek-V3.2-Exp; weights: see the docstring below.
     "deepseek-v3.2": ModelConfig(
         name="deepseek-v3.2",
         hidden_size=7168,
@@ -109,8 +181,21 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         index_head_dim=128,
         index_topk=2048,
         vocab_size=129280,
+        max_context_len=163840,
+        weights=WeightSpec(
+            attention_sharded_params=10_489_954_304,
+            attention_replicated_params=1_746_993_152,
+            dense_mlp_params=3_743_416_320,
+            routed_expert_params=653_908_770_816,
+            embedding_params=926_679_040,
+            lm_head_params=926_679_040,
+            small_params=135_451_392,
+            linear_dtype=WeightDtype.FP8,
+            published_total_params=671_000_000_000,
+            published_active_params=37_000_000_000,
+        ),
     ),
-    # Published config of zai-org/GLM-5 (GlmMoeDsa).
+    # Published config of zai-org/GLM-5 (GlmMoeDsa); weights: see the docstring below.
     "glm-5": ModelConfig(
         name="glm-5",
         hidden_size=6144,
@@ -122,8 +207,43 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         index_head_dim=128,
         index_topk=2048,
         vocab_size=154880,
+        max_context_len=202752,
+        weights=WeightSpec(
+            attention_sharded_params=11_614_027_776,
+            attention_replicated_params=1_973_157_888,
+            dense_mlp_params=3_510_632_448,
+            routed_expert_params=724_775_731_200,
+            embedding_params=951_582_720,
+            lm_head_params=951_582_720,
+            small_params=134_503_680,
+            linear_dtype=WeightDtype.FP8,
+            published_total_params=744_000_000_000,
+            published_active_params=40_000_000_000,
+        ),
     ),
 }
+"""Model presets by name.
+
+``deepseek-v3.2``: dimensions from ``config.json`` of deepseek-ai/DeepSeek-V3.2-Exp on
+Hugging Face (hidden 7168, 61 layers of which the first 3 dense, 128 heads, q_lora_rank
+1536, kv_lora_rank 512, qk_nope/rope 128/64, v_head_dim 128, 256 routed experts and 1
+shared of moe_intermediate_size 2048, dense intermediate_size 18432, vocab 129280, indexer
+64 heads x 128, max_position_embeddings 163840). The model card gives 671B total and 37B
+activated parameters (its "685B" adds the 14B MTP module) and ships FP8 weights (e4m3,
+128x128 block scales). The counts are the config arithmetic, e.g. routed experts
+``58 layers x 256 x 3 x 7168 x 2048 = 653.9B``; they sum to 671.9B (the indexer adds
+0.85B to DeepSeek-V3's 671B).
+
+``glm-5``: dimensions from ``config.json`` of zai-org/GLM-5 (GlmMoeDsa: hidden 6144, 78
+layers of which the first 3 dense, 64 heads, q_lora_rank 2048, kv_lora_rank 512, qk_nope/
+rope 192/64, v_head_dim 256, 256 routed experts and 1 shared of 2048, dense 12288, vocab
+154880, indexer 32 heads x 128, max_position_embeddings 202752). The model card gives 744B
+total and 40B active parameters; zai-org/GLM-5 is bf16 and zai-org/GLM-5-FP8 fp8. The
+preset plans the FP8 checkpoint (``--model-path zai-org/GLM-5`` plans bf16). The counts sum
+to 743.9B.
+
+``tiny``: the CPU test vehicle (``cpkv_core/model.py``), counted from its own tensors.
+"""
 
 
 def model_preset(name: str) -> ModelConfig:

@@ -65,6 +65,9 @@ class SglangImport:
     """The flags (defaults overlaid by the command) with ``sglang:ARG`` provenance."""
     ignored: tuple[str, ...]
     """Tokens cpkv does not read (the program, the model path, unrelated options)."""
+    ignored_at: tuple[int, ...] = ()
+    """The position of each ignored token in ``shlex.split(args)``, so that another reader
+    (``cpkv plan --from-sglang``) can tell which of them it reads."""
 
     @property
     def flags(self) -> FlagSet:
@@ -100,7 +103,10 @@ def read_sglang(args: str) -> SglangImport:
     notes = reader.read()
     flags, sources = merge_layers(reader.layer)
     resolved = ResolvedFlags(flags, sources, notes=tuple(notes))
-    return SglangImport(resolved, tuple(token for _, token in sorted(reader.ignored)))
+    ignored = sorted(reader.ignored)
+    return SglangImport(
+        resolved, tuple(token for _, token in ignored), tuple(i for i, _ in ignored)
+    )
 
 
 class _Reader:

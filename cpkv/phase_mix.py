@@ -1,0 +1,111 @@
+"""The phase mix of a trace: the share of batches and tokens each phase takes, and why
+enabled phases fell back, counted by reason code; :func:`phase_mix`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from cpkv_core.planning import BatchSpec
+from phases import BatchPlan, PhaseId
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseShare:
+    """How much of a trace one phase takes."""
+
+    phase: int
+    batches: int
+    tokens: int
+    batch_share: float
+    """``batches`` over all batches."""
+    token_share: float
+    """``tokens`` over all current tokens."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The share as in ``cpkv explain --json``'s summary."""
+        return {
+            "phase": self.phase,
+            "batches": self.batches,
+            "tokens": self.tokens,
+            "batch_share": self.batch_share,
+            "token_share": self.token_share,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseMix:
+    """Shares for phases 0..5 and fallback codes of the enabled phases.
+
+    Invariant: the shares' batches and tokens add up to ``batches`` and ``tokens``.
+    """
+
+    batches: int
+    tokens: int
+    shares: tuple[PhaseShare, ...]
+    fallbacks: dict[int, dict[str, int]]
+    """Enabled phase -> reason code -> batches in which the phase was off for it."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The keys ``cpkv explain`` adds to its summary."""
+        return {
+            "batches": self.batches,
+            "tokens": self.tokens,
+            "shares": [share.to_json() for share in self.shares],
+            "fallbacks": {str(p): codes for p, codes in self.fallbacks.items()},
+        }
+
+
+def phase_mix(
+    batches: Sequence[BatchSpec], plans: Sequence[BatchPlan], enabled: frozenset[PhaseId]
+) -> PhaseMix:
+    """The phase mix of ``plans``, the gate's plans for ``batches``."""
+    batch_count: Counter[int] = Counter()
+    token_count: Counter[int] = Counter()
+    fallbacks: dict[int, Counter[str]] = {int(p): Counter() for p in sorted(enabled)}
+    for batch, plan in zip(batches, plans, strict=True):
+        batch_count[plan.phase] += 1
+        token_count[plan.phase] += batch.num_tokens
+        for decision in plan.decisions:
+            if decision.phase in enabled and not decision.active:
+                fallbacks[int(decision.phase)].update({str(r.code) for r in decision.reasons})
+    total_batches, total_tokens = len(plans), sum(b.num_tokens for b in batches)
+    shares = tuple(
+        PhaseShare(
+            phase,
+            batch_count[phase],
+            token_count[phase],
+            batch_count[phase] / total_batches if total_batches else 0.0,
+            token_count[phase] / total_tokens if total_tokens else 0.0,
+        )
+        for phase in range(len(PhaseId) + 1)
+    )
+    codes = {p: dict(sorted(c.items())) for p, c in fallbacks.items()}
+    return PhaseMix(total_batches, total_tokens, shares, codes)
+
+
+def render_phase_mix(console: Console, mix: PhaseMix, title: str) -> None:
+    """One row per phase with its shares, then the fallback codes of each enabled phase."""
+    table = Table(title=f"{title}: {mix.batches} batches, {mix.tokens:,} tokens")
+    table.add_column("phase", justify="right")
+    for name in ("batches", "batch share", "tokens", "token share"):
+        table.add_column(name, justify="right")
+    for share in mix.shares:
+        table.add_row(
+            str(share.phase),
+            str(share.batches),
+            f"{share.batch_share:.1%}",
+            f"{share.tokens:,}",
+            f"{share.token_share:.1%}",
+        )
+    console.print(table)
+    for phase, codes in mix.fallbacks.items():
+        text = ", ".join(f"{code} x{n}" for code, n in codes.items()) or "never"
+        console.print(
+            f"phase {phase} fell back (batches by code): {text}", highlight=False, markup=False
+        )
