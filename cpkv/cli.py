@@ -10,23 +10,23 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cpkv import flag_commands, plan_command
+from cpkv.batch_tables import (
+    render_demo,
+    render_explain,
+    render_explain_batch,
+    render_verify_table,
+)
 from cpkv.bench import run_bench
 from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from cpkv.explain import explain_trace
 from cpkv.pd import PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
-from cpkv.report import (
-    render_bench,
-    render_demo,
-    render_explain,
-    render_pd,
-    render_phases,
-    render_verify_table,
-)
+from cpkv.report import render_bench, render_pd, render_phases
 from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.verify import VerifyReport, verify_levels
+from cpkv_core.batch import BatchSpec
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
 from cpkv_core.trace import Trace, load_trace
 from flags import debug_benchmark_warning, resolve_flags
@@ -132,6 +132,10 @@ def explain(
     cp_size: CpSizeOpt = None,
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
+    batch: Annotated[
+        int | None,
+        typer.Option("--batch", metavar="N", help="Show batch N in full: requests, every reason."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The gate's BatchPlan for every batch of TRACE, with reasons, and a summary by phase."""
@@ -139,7 +143,20 @@ def explain(
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
         trace = load_trace(trace_path, settings.deploy.page_size)
     report = explain_trace(trace.batches, settings.enabled, settings.deploy, settings.ceiling)
-    emit(as_json, report.to_json(), lambda: render_explain(out, report))
+    if batch is None:
+        emit(as_json, report.to_json(), lambda: render_explain(out, report))
+        return
+    with bad_input_exits():
+        i = _batch_index(report.batches, batch)
+    document = report.to_json()["batches"][i]
+    emit(as_json, document, lambda: render_explain_batch(out, report.batches[i], report.plans[i]))
+
+
+def _batch_index(batches: tuple[BatchSpec, ...], number: int) -> int:
+    numbers = [b.batch for b in batches]
+    if number not in numbers:
+        raise BadInput(f"--batch {number}: the trace has batches {', '.join(map(str, numbers))}")
+    return numbers.index(number)
 
 
 @app.command("phases")

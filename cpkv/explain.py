@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpkv.reason_codes import count_codes
 from cpkv_core.batch import BatchSpec
 from cpkv_core.config import DeploymentConfig
 from phases.gate import BatchPlan, Gate, plan_trace
@@ -49,7 +50,7 @@ class ExplainReport:
             batches[plan.phase] += 1
             tokens[plan.phase] += batch.num_tokens
             for decision in plan.decisions:
-                reasons[int(decision.phase)].update(r.split(" ", 1)[0] for r in decision.reasons)
+                reasons[int(decision.phase)].update(count_codes(decision.reasons))
         return {
             "batches_by_phase": {str(k): v for k, v in sorted(batches.items())},
             "tokens_by_phase": {str(k): v for k, v in sorted(tokens.items())},
