@@ -20,6 +20,7 @@ from cpkv.bench import run_bench
 from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from cpkv.explain import explain_trace
+from cpkv.help_text import tidy_help
 from cpkv.pd import PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
 from cpkv.report import render_bench, render_pd, render_phases
@@ -113,8 +114,8 @@ def verify(
     index_k_dtype: IndexDtypeOpt = IndexKDtype.FP8_E4M3,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run TRACE on CP ranks at every level 0..highest enabled phase; compare each with the
-    non-CP reference. Exit 0 only when every batch of every level matches."""
+    """Run TRACE on CP ranks at every level 0..highest enabled phase and compare every batch
+    with the non-CP reference. Exit 0 only when every batch of every level matches."""
     with bad_input_exits():
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode, index_k_dtype)
         model = _runnable_model(model_name)
@@ -221,9 +222,9 @@ def demo(
     backend: BackendOpt = Backend.GLOO,
     as_json: JsonOpt = False,
 ) -> None:
-    """The main job on built-in defaults: a built-in trace through the gate, every registered
-    phase on, on a real gloo group, each level verified against the reference; then every
-    request goes from the CP prefill ranks to a non-CP decode process over Mooncake."""
+    """The main job on built-in defaults: a built-in trace through the gate with every phase
+    on, each level verified against the reference on CP ranks. Then every request goes to a
+    non-CP decode process over Mooncake."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=page_size)
         trace = demo_trace(page_size)
@@ -276,9 +277,9 @@ def pd(
     retries: Annotated[int, typer.Option("--retries", min=0, help="Retries per request.")] = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Prefill TRACE on CP ranks at the highest enabled level, transfer every request to a
-    non-CP decode process over Mooncake (TCP loopback), check the rebuilt KV byte for byte
-    and one decode step against the reference. Exit 0 only when every request checks out."""
+    """Prefill TRACE on CP ranks at the highest enabled level and send every request to a
+    non-CP decode process over Mooncake (TCP loopback). Checks the rebuilt KV byte for byte
+    and one decode step against the reference; exit 0 only when every request checks out."""
     with bad_input_exits():
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
         trace = load_trace(trace_path, settings.deploy.page_size)
@@ -289,6 +290,7 @@ def pd(
 
 flag_commands.register(app)
 plan_command.register(app)
+tidy_help(app)  # NOTE: last, so that it sees every command registered above
 
 
 def main() -> None:
