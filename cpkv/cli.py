@@ -21,6 +21,7 @@ from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from cpkv.explain import explain_trace
 from cpkv.help_text import tidy_help
+from cpkv.out_dir import out_option, print_written
 from cpkv.pd import PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
 from cpkv.report import render_bench, render_pd, render_phases
@@ -138,6 +139,7 @@ def explain(
         typer.Option("--batch", metavar="N", help="Show batch N in full: requests, every reason."),
     ] = None,
     as_json: JsonOpt = False,
+    out_dir: Annotated[Path | None, out_option("explain.json and phases-by-batch.png")] = None,
 ) -> None:
     """The gate's BatchPlan for every batch of TRACE, with reasons, and a summary by phase."""
     with bad_input_exits():
@@ -146,6 +148,12 @@ def explain(
     report = explain_trace(trace.batches, settings.enabled, settings.deploy, settings.ceiling)
     if batch is None:
         emit(as_json, report.to_json(), lambda: render_explain(out, report))
+        if out_dir is not None:
+            from cpkv.plots import write_outputs  # NOTE: loads matplotlib only for --out
+            from cpkv.plots.explain_plots import EXPLAIN_FIGURES
+
+            documents = {"explain": report.to_json()}
+            print_written(write_outputs(out_dir, "explain", documents, EXPLAIN_FIGURES))
         return
     with bad_input_exits():
         i = _batch_index(report.batches, batch)
@@ -189,6 +197,7 @@ def bench(
         Path | None, typer.Option("--trace", help="Trace to measure (default: the built-in one).")
     ] = None,
     as_json: JsonOpt = False,
+    out_dir: Annotated[Path | None, out_option("bench.json and one PNG per figure")] = None,
 ) -> None:
     """Performance figures, measured side by side in one run: bytes counted exactly, times as
     medians after a warm-up, headline figures as ratios."""
@@ -210,6 +219,12 @@ def bench(
             on_step=lambda name: status.update(f"bench: {name}"),
         )
     emit(as_json, report.to_json(), lambda: render_bench(out, report))
+    if out_dir is not None:
+        from cpkv.plots import write_outputs  # NOTE: loads matplotlib only for --out
+        from cpkv.plots.bench_plots import BENCH_FIGURES
+
+        documents = {"bench": report.to_json()}
+        print_written(write_outputs(out_dir, "bench", documents, BENCH_FIGURES))
 
 
 @app.command()

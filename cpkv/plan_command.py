@@ -6,6 +6,7 @@ not cover one page, or at level >= 2 the materialization scratch plus one page).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,6 +23,7 @@ from cpkv.capacity import (
     plan_capacity,
 )
 from cpkv.console import bad_input_exits, emit, out
+from cpkv.out_dir import out_option, print_written
 from cpkv.report import human_bytes
 from cpkv_core.config import MODEL_PRESETS, model_preset
 
@@ -58,6 +60,9 @@ def plan_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON document on stdout.")
     ] = False,
+    out_dir: Annotated[
+        Path | None, out_option("plan.json, capacity.json (cp 1-8) and capacity.png")
+    ] = None,
 ) -> None:
     """KV memory and token capacity per rank and per deployment: level 0 (replicated KV)
     vs levels >= 2 (sharded KV, materialization scratch counted)."""
@@ -65,6 +70,14 @@ def plan_command(
         model = model_preset(model_name)
         plan = plan_capacity(model, cp_size, page_size, gpu_mem_gib, mem_fraction, max_view_tokens)
     emit(as_json, plan.to_json(), lambda: render_plan(out, plan))
+    if out_dir is not None:
+        # NOTE: matplotlib loads only when figures are asked for.
+        from cpkv.plots import write_outputs
+        from cpkv.plots.capacity import capacity_sweep, plot_capacity
+
+        args = (page_size, gpu_mem_gib, mem_fraction, max_view_tokens)
+        documents = {"plan": plan.to_json(), "capacity": capacity_sweep(model, cp_size, *args)}
+        print_written(write_outputs(out_dir, "plan", documents, [("capacity", plot_capacity)]))
 
 
 def _level_row(level: LevelCapacity, cp_size: int) -> tuple[str, ...]:
