@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cpkv import flag_commands, plan_command
+from cpkv import docgen, flag_commands, plan_command
 from cpkv.batch_tables import (
     render_demo,
     render_explain,
@@ -45,19 +45,29 @@ app = typer.Typer(
 TraceArg = Annotated[Path, typer.Argument(metavar="TRACE", help="Trace file (JSON Lines).")]
 PhasesOpt = Annotated[
     str | None,
-    typer.Option("--phases", help="Enabled phases for this run: LIST (e.g. 1,2), all or none."),
+    typer.Option(
+        "--phases",
+        metavar="LIST",
+        help="Enabled phases for this run: a list (e.g. 1,2), all or none; default: the flags.",
+    ),
 ]
 CpSizeOpt = Annotated[
-    int | None, typer.Option("--cp-size", help="CP ranks; turns CP on for the run.")
+    int | None,
+    typer.Option("--cp-size", help="CP ranks; turns CP on for the run. Default: the flags (1)."),
 ]
-PageSizeOpt = Annotated[int | None, typer.Option("--page-size", help="Tokens per KV page.")]
+PageSizeOpt = Annotated[
+    int | None, typer.Option("--page-size", help="Tokens per KV page. Default: the flags (64).")
+]
 CpModeOpt = Annotated[
-    CpMode | None, typer.Option("--cp-mode", help="How current tokens are split.")
+    CpMode | None,
+    typer.Option("--cp-mode", help="How current tokens are split. Default: the flags."),
 ]
 BackendOpt = Annotated[
     Backend, typer.Option("--backend", help="gloo: one process per rank; local: threads.")
 ]
-ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (runs need tiny).")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", metavar="NAME", help="Model preset (runs need tiny).")
+]
 IndexDtypeOpt = Annotated[
     IndexKDtype, typer.Option("--index-k-dtype", help="Storage dtype of the indexer key cache.")
 ]
@@ -194,7 +204,10 @@ def bench(
         int, typer.Option("--repeats", min=1, help="Timed rounds per figure, after a warm-up.")
     ] = 3,
     trace_path: Annotated[
-        Path | None, typer.Option("--trace", help="Trace to measure (default: the built-in one).")
+        Path | None,
+        typer.Option(
+            "--trace", metavar="TRACE", help="Trace to measure; default: the built-in one."
+        ),
     ] = None,
     as_json: JsonOpt = False,
     out_dir: Annotated[Path | None, out_option("bench.json and one PNG per figure")] = None,
@@ -287,9 +300,16 @@ def pd(
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds a transfer may take.")
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            help="Seconds the decode side waits for every rank of one attempt (>= 0.1).",
+        ),
     ] = 30.0,
-    retries: Annotated[int, typer.Option("--retries", min=0, help="Retries per request.")] = 0,
+    retries: Annotated[
+        int, typer.Option("--retries", min=0, help="New attempts after a failed one, per request.")
+    ] = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Prefill TRACE on CP ranks at the highest enabled level and send every request to a
@@ -305,6 +325,7 @@ def pd(
 
 flag_commands.register(app)
 plan_command.register(app)
+docgen.register(app)
 tidy_help(app)  # NOTE: last, so that it sees every command registered above
 
 

@@ -115,7 +115,7 @@ def test_bad_phase_list_exits_2() -> None:
     assert "'7'" in result.stderr
 
 
-def test_bench_json_reports_every_figure_and_out_writes_the_plots(tmp_path: Path) -> None:
+def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
     trace = str(DATA / "long.jsonl")
     args = ["bench", "--trace", trace, "--page-size", "16", "--repeats", "1", "--json"]
     result = runner.invoke(app, [*args, "--out", str(tmp_path)])
