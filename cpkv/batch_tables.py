@@ -112,7 +112,7 @@ def print_verdict(console: Console, report: VerifyReport) -> None:
     )
     if report.ok:
         console.print(
-            f"[green]OK[/green]: every batch equals the reference (top-k sets exact, "
+            f"[green]OK[/green]: every batch equals the reference (top-k exact, "
             f"outputs within {OUTPUT_ATOL:g}); {levels}"
         )
     else:

@@ -262,7 +262,7 @@ def demo(
         out.print(
             f"cpkv demo: {len(trace.batches)} batches, {tokens} tokens, model tiny, "
             f"cp_size={cp_size} {cp_mode}, page_size={page_size}, backend {backend}, "
-            f"phases {sorted(int(p) for p in settings.enabled)} on"
+            f"phases {','.join(str(int(p)) for p in sorted(settings.enabled))} on"
         )
     report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json)
     pd_report = _run_pd(trace, settings, timeout_s=30.0, retries=0)
