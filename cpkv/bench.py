@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
+from cpkv.bench_bytes import BatchBytes, bytes_by_batch
 from cpkv.bench_kv import (
     ALL_PHASES,
     KvShare,
@@ -178,6 +179,7 @@ class BenchReport:
     materialized: list[MaterializedBytes]
     remaps: list[RemapCost]
     write_path: list[WritePathBytes]
+    bytes_by_batch: list[BatchBytes]
     page_balance: list[PageBalance]
     pd: list[PdBytes]
     step_time: list[StepTime]
@@ -208,6 +210,7 @@ class BenchReport:
             "write_path": [
                 asdict(row) | {"write_path_bytes": row.write_path_bytes} for row in self.write_path
             ],
+            "bytes_by_batch": [asdict(row) | {"total": row.total} for row in self.bytes_by_batch],
             "page_balance": [
                 asdict(row) | {"max_over_min": row.max_over_min} for row in self.page_balance
             ],
@@ -263,6 +266,7 @@ def run_bench(
         kv_share=share,
         materialized=materialized_bytes([runs[2], runs[3]], batches),
         write_path=[row for row in write_path_bytes(runs) if row.level >= 2],
+        bytes_by_batch=bytes_by_batch(runs),
         page_balance=page_balance(runs, page_bytes),
         pd=pd,
         remaps=remaps,

@@ -10,29 +10,35 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cpkv import flag_commands, plan_command, trace_command
+from cpkv import docgen, flag_commands, plan_command, trace_command
+from cpkv.batch_tables import (
+    render_demo,
+    render_explain,
+    render_explain_batch,
+    render_verify_table,
+)
 from cpkv.bench import run_bench
 from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from cpkv.devices import Device, check_device
 from cpkv.dry_run import dry_run_levels
 from cpkv.explain import explain_trace
+from cpkv.help_text import tidy_help
+from cpkv.out_dir import out_option, print_written
 from cpkv.pd import PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
 from cpkv.report import (
     render_bench,
-    render_demo,
     render_dry_run,
-    render_explain,
     render_explain_summary,
     render_pd,
     render_phases,
-    render_verify_table,
 )
 from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
+from cpkv_core.planning import BatchSpec
 from cpkv_core.traces import Trace, load_trace
 from flags import debug_benchmark_warning, resolve_flags
 from phases.gate import levels_of
@@ -48,19 +54,29 @@ app = typer.Typer(
 TraceArg = Annotated[Path, typer.Argument(metavar="TRACE", help="Trace file (JSON Lines).")]
 PhasesOpt = Annotated[
     str | None,
-    typer.Option("--phases", help="Enabled phases for this run: LIST (e.g. 1,2), all or none."),
+    typer.Option(
+        "--phases",
+        metavar="LIST",
+        help="Enabled phases for this run: a list (e.g. 1,2), all or none; default: the flags.",
+    ),
 ]
 CpSizeOpt = Annotated[
-    int | None, typer.Option("--cp-size", help="CP ranks; turns CP on for the run.")
+    int | None,
+    typer.Option("--cp-size", help="CP ranks; turns CP on for the run. Default: the flags (1)."),
 ]
-PageSizeOpt = Annotated[int | None, typer.Option("--page-size", help="Tokens per KV page.")]
+PageSizeOpt = Annotated[
+    int | None, typer.Option("--page-size", help="Tokens per KV page. Default: the flags (64).")
+]
 CpModeOpt = Annotated[
-    CpMode | None, typer.Option("--cp-mode", help="How current tokens are split.")
+    CpMode | None,
+    typer.Option("--cp-mode", help="How current tokens are split. Default: the flags."),
 ]
 BackendOpt = Annotated[
     Backend, typer.Option("--backend", help="gloo: one process per rank; local: threads.")
 ]
-ModelOpt = Annotated[str, typer.Option("--model", help="Model preset (runs need tiny).")]
+ModelOpt = Annotated[
+    str, typer.Option("--model", metavar="NAME", help="Model preset (runs need tiny).")
+]
 DeviceOpt = Annotated[
     Device,
     typer.Option("--device", help="Where weights, pools and the run step live; meta: a dry run."),
@@ -138,10 +154,10 @@ def verify(
     device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run TRACE on CP ranks at every level 0..highest enabled phase; compare each with the
-    non-CP reference. Exit 0 only when every batch of every level matches. With --device
-    meta, run every level's whole step on shapes alone and report the first op that needed
-    a value or another device."""
+    """Run TRACE on CP ranks at every level 0..highest enabled phase and compare every batch
+    with the non-CP reference. Exit 0 only when every batch of every level matches. With
+    --device meta, a dry run instead: every level's whole step on shapes alone, naming the
+    first op that needed a value or a tensor on another device."""
     with bad_input_exits():
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode, index_k_dtype)
         model = _runnable_model(model_name)
@@ -165,7 +181,12 @@ def explain(
     summary: Annotated[
         bool, typer.Option("--summary", help="Only the phase mix, not every batch's plan.")
     ] = False,
+    batch: Annotated[
+        int | None,
+        typer.Option("--batch", metavar="N", help="Show batch N in full: requests, every reason."),
+    ] = None,
     as_json: JsonOpt = False,
+    out_dir: Annotated[Path | None, out_option("explain.json and phases-by-batch.png")] = None,
 ) -> None:
     """The gate's BatchPlan for every batch of TRACE, with reasons, and the phase mix: the
     share of batches and tokens per phase, and fallback reasons counted by code."""
@@ -173,8 +194,28 @@ def explain(
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
         trace = load_trace(trace_path, settings.deploy.page_size)
     report = explain_trace(trace.batches, settings.enabled, settings.deploy, settings.ceiling)
+    if batch is not None:
+        with bad_input_exits():
+            i = _batch_index(report.batches, batch)
+        document = report.to_json()["batches"][i]
+        batch_plan = report.plans[i]
+        emit(as_json, document, lambda: render_explain_batch(out, report.batches[i], batch_plan))
+        return
     render = render_explain_summary if summary else render_explain
     emit(as_json, report.to_json(summary_only=summary), lambda: render(out, report))
+    if out_dir is not None:
+        from cpkv.plots import write_outputs  # NOTE: loads matplotlib only for --out
+        from cpkv.plots.explain_plots import EXPLAIN_FIGURES
+
+        documents = {"explain": report.to_json()}
+        print_written(write_outputs(out_dir, "explain", documents, EXPLAIN_FIGURES))
+
+
+def _batch_index(batches: tuple[BatchSpec, ...], number: int) -> int:
+    numbers = [b.batch for b in batches]
+    if number not in numbers:
+        raise BadInput(f"--batch {number}: the trace has batches {', '.join(map(str, numbers))}")
+    return numbers.index(number)
 
 
 @app.command("phases")
@@ -203,10 +244,14 @@ def bench(
         int, typer.Option("--repeats", min=1, help="Timed rounds per figure, after a warm-up.")
     ] = 3,
     trace_path: Annotated[
-        Path | None, typer.Option("--trace", help="Trace to measure (default: the built-in one).")
+        Path | None,
+        typer.Option(
+            "--trace", metavar="TRACE", help="Trace to measure; default: the built-in one."
+        ),
     ] = None,
     device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
+    out_dir: Annotated[Path | None, out_option("bench.json and one PNG per figure")] = None,
 ) -> None:
     """Performance figures, measured side by side in one run: bytes counted exactly, times as
     medians after a warm-up, headline figures as ratios. With --device meta, a dry run of
@@ -233,6 +278,12 @@ def bench(
             device=str(device),
         )
     emit(as_json, report.to_json(), lambda: render_bench(out, report))
+    if out_dir is not None:
+        from cpkv.plots import write_outputs  # NOTE: loads matplotlib only for --out
+        from cpkv.plots.bench_plots import BENCH_FIGURES
+
+        documents = {"bench": report.to_json()}
+        print_written(write_outputs(out_dir, "bench", documents, BENCH_FIGURES))
 
 
 @app.command()
@@ -246,10 +297,9 @@ def demo(
     device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
 ) -> None:
-    """The main job on built-in defaults: a built-in trace through the gate, every registered
-    phase on, on a real gloo group, each level verified against the reference; then every
-    request goes from the CP prefill ranks to a non-CP decode process over Mooncake. With
-    --device meta, a dry run of every level instead."""
+    """The main job on built-in defaults: a built-in trace through the gate with every phase
+    on, each level verified against the reference on CP ranks. Then every request goes to a
+    non-CP decode process over Mooncake. With --device meta, a dry run of every level instead."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=page_size)
         trace = demo_trace(page_size)
@@ -262,7 +312,7 @@ def demo(
         out.print(
             f"cpkv demo: {len(trace.batches)} batches, {tokens} tokens, model tiny, "
             f"cp_size={cp_size} {cp_mode}, page_size={page_size}, backend {backend}, "
-            f"phases {sorted(int(p) for p in settings.enabled)} on"
+            f"phases {','.join(str(int(p)) for p in sorted(settings.enabled))} on"
         )
     report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json, device)
     pd_report = _run_pd(trace, settings, timeout_s=30.0, retries=0)
@@ -299,16 +349,23 @@ def pd(
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds a transfer may take.")
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            help="Seconds the decode side waits for every rank of one attempt (>= 0.1).",
+        ),
     ] = 30.0,
-    retries: Annotated[int, typer.Option("--retries", min=0, help="Retries per request.")] = 0,
+    retries: Annotated[
+        int, typer.Option("--retries", min=0, help="New attempts after a failed one, per request.")
+    ] = 0,
     device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
 ) -> None:
-    """Prefill TRACE on CP ranks at the highest enabled level, transfer every request to a
-    non-CP decode process over Mooncake (TCP loopback), check the rebuilt KV byte for byte
-    and one decode step against the reference. Exit 0 only when every request checks out.
-    With --device meta, a dry run of the prefill levels (no bytes to transfer)."""
+    """Prefill TRACE on CP ranks at the highest enabled level and send every request to a
+    non-CP decode process over Mooncake (TCP loopback). Checks the rebuilt KV byte for byte
+    and one decode step against the reference; exit 0 only when every request checks out.
+    --device meta: a dry run of the prefill."""
     with bad_input_exits():
         settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
         trace = load_trace(trace_path, settings.deploy.page_size)
@@ -340,6 +397,8 @@ def _dry_run_exit(
 flag_commands.register(app)
 plan_command.register(app)
 app.add_typer(trace_command.app)
+docgen.register(app)
+tidy_help(app)  # NOTE: last, so that it sees every command registered above
 
 
 def main() -> None:

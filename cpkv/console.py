@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,11 +12,33 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+NO_TERMINAL_WIDTH = 120
+"""Columns tables are laid out to when the output is not a terminal and ``COLUMNS`` is unset."""
+
+
+class AppConsole(Console):
+    """A rich console that lays out at ``$COLUMNS`` or :data:`NO_TERMINAL_WIDTH` columns when
+    it does not write to a terminal (a pipe, a file, CI), instead of rich's 80."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or self._width is not None:
+            return size
+        columns = os.environ.get("COLUMNS", "")
+        width = int(columns) if columns.isdigit() and int(columns) > 0 else NO_TERMINAL_WIDTH
+        return ConsoleDimensions(width, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
+
+out = AppConsole(soft_wrap=True)
+err = AppConsole(stderr=True, soft_wrap=True)
 
 ConfigOpt = Annotated[
     Path | None,

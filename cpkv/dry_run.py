@@ -11,14 +11,13 @@ sync on CUDA). The report says ok per level, or the first op that failed and whe
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 from cpkv.loop import HostLoop, LoopStep
 from cpkv.settings import RunSettings
@@ -45,15 +44,21 @@ class MetaGuard(TorchFunctionMode):
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if getattr(func, "__name__", "") == "__get__":
-            # NOTE: attribute reads (.shape, .dtype, .device) are metadata, not ops.
-            return func(*args, **(kwargs or {}))
-        leaves, _ = tree_flatten((args, kwargs or {}))
-        for leaf in leaves:
-            if isinstance(leaf, torch.Tensor) and leaf.device != _META:
+        kwargs = kwargs or {}
+        for tensor in _tensors((*args, *kwargs.values())):
+            if tensor.device.type != "meta":
                 name = getattr(func, "__qualname__", getattr(func, "__name__", str(func)))
-                raise OffDeviceError(f"{name} got a {leaf.device} tensor {tuple(leaf.shape)}")
-        return func(*args, **(kwargs or {}))
+                raise OffDeviceError(f"{name} got a {tensor.device} tensor {tuple(tensor.shape)}")
+        return func(*args, **kwargs)
+
+
+def _tensors(values: Sequence[Any]) -> Iterator[torch.Tensor]:
+    """The tensors among ``values`` and inside their lists and tuples (op arguments)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, list | tuple):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 from cpkv.loop import HostLoop
 from cpkv.phase_mix import PhaseMix, phase_mix
+from cpkv.reason_codes import count_codes
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec, pages_for_trace
 from phases import BatchPlan, PhaseId
@@ -60,7 +61,7 @@ class ExplainReport:
             batches[plan.phase] += 1
             tokens[plan.phase] += batch.num_tokens
             for decision in plan.decisions:
-                reasons[int(decision.phase)].update(str(r.code) for r in decision.reasons)
+                reasons[int(decision.phase)].update(count_codes(decision.reasons))
         return {
             "batches_by_phase": {str(k): v for k, v in sorted(batches.items())},
             "tokens_by_phase": {str(k): v for k, v in sorted(tokens.items())},

@@ -51,11 +51,17 @@ def flags_command(
     config: ConfigOpt = None,
     from_sglang: Annotated[
         str | None,
-        typer.Option("--from-sglang", help="Read the flags of an SGLang launch command instead."),
+        typer.Option(
+            "--from-sglang",
+            metavar="ARGS",
+            help="Read the flags of an SGLang launch command instead.",
+        ),
     ] = None,
     set_values: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Command-line value KEY=VALUE (e.g. attn-cp-size=8)."),
+        typer.Option(
+            "--set", metavar="KEY=VALUE", help="A command-line value, e.g. attn-cp-size=8."
+        ),
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:

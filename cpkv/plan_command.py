@@ -9,6 +9,7 @@ SGLang would refuse, weights that do not fit, or a pool that does not hold one p
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -17,6 +18,7 @@ from cpkv.capacity import plan_capacity
 from cpkv.console import BadInput, JsonOpt, bad_input_exits, emit, out
 from cpkv.kv_bytes import parse_kv_cache_dtype
 from cpkv.model_paths import preset_for_model_path
+from cpkv.out_dir import out_option, print_written
 from cpkv.plan_inputs import PlanInputs
 from cpkv.plan_render import render_plan
 from cpkv.sglang_plan import SglangPlanArgs, read_sglang_plan
@@ -97,6 +99,9 @@ def plan_command(
         ),
     ] = None,
     as_json: JsonOpt = False,
+    out_dir: Annotated[
+        Path | None, out_option("plan.json, capacity.json (cp 1-8) and capacity.png")
+    ] = None,
 ) -> None:
     """Weights, KV pool and token capacity per rank and per CP group: level 0 (replicated
     KV) vs levels >= 2 (sharded KV, materialization scratch counted)."""
@@ -124,6 +129,13 @@ def plan_command(
     if imported is not None:
         document |= {"ignored_args": list(imported.ignored), "notes": list(imported.notes)}
     emit(as_json, document, lambda: render_plan(out, plan, document))
+    if out_dir is not None:
+        # NOTE: matplotlib loads only when figures are asked for.
+        from cpkv.plots import write_outputs
+        from cpkv.plots.capacity import capacity_sweep, plot_capacity
+
+        documents = {"plan": document, "capacity": capacity_sweep(inputs)}
+        print_written(write_outputs(out_dir, "plan", documents, [("capacity", plot_capacity)]))
 
 
 def _model_options(

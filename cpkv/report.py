@@ -1,4 +1,5 @@
-"""Human-readable reports (rich tables) for the CLI."""
+"""Human-readable reports (rich tables) for the CLI; the per-batch ones are in
+:mod:`cpkv.batch_tables`."""
 
 from __future__ import annotations
 
@@ -13,10 +14,6 @@ from cpkv.dry_run import DryRunReport
 from cpkv.explain import ExplainReport
 from cpkv.pd import PdReport
 from cpkv.phase_mix import render_phase_mix
-from cpkv.verify import VerifyReport
-from cpkv_core.config import DeploymentConfig
-from cpkv_core.runtime import OUTPUT_ATOL
-from phases.gate import BatchPlan
 
 
 def human_bytes(num: float) -> str:
@@ -26,132 +23,6 @@ def human_bytes(num: float) -> str:
             return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
         num /= 1024
     return f"{num:.1f} GiB"
-
-
-def fallback_reasons(plan: BatchPlan) -> str:
-    """Why enabled phases above the chosen one are off for the batch (DISABLED left out)."""
-    texts = [
-        f"{int(d.phase)}: {'; '.join(str(r) for r in d.reasons)}"
-        for d in plan.decisions
-        if not d.active and not d.disabled
-    ]
-    return "\n".join(texts) or "-"
-
-
-def render_verify_table(console: Console, report: VerifyReport, deploy: DeploymentConfig) -> None:
-    """One row per (level, batch), then a one-line verdict."""
-    table = Table(title=f"cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size}")
-    for name in ("level", "batch", "tokens", "phase", "gathered/rank", "KV/rank", "max|diff|"):
-        table.add_column(name, justify="right")
-    table.add_column("top-k")
-    table.add_column("ok")
-    table.add_column("fallback reasons")
-    for level in report.levels:
-        for row in level.rows:
-            cmp = row.comparison
-            table.add_row(
-                str(row.level),
-                str(row.batch),
-                str(row.tokens),
-                str(row.batch_plan.phase),
-                human_bytes(max(row.gathered_bytes_by_rank)),
-                human_bytes(max(row.kv_bytes_by_rank)),
-                f"{cmp.max_abs_diff:.3g}",
-                "equal" if cmp.topk_equal else f"{cmp.topk_mismatches} rows differ",
-                "[green]yes[/green]" if cmp.ok else "[red]NO[/red]",
-                fallback_reasons(row.batch_plan),
-            )
-    console.print(table)
-    _verdict(console, report)
-
-
-def reason_codes(plan: BatchPlan) -> str:
-    """Compact fallback reasons: ``4 SHORT_REQUEST x2; 5 OWNER_MISMATCH``."""
-    parts = []
-    for d in plan.decisions:
-        if d.active or d.disabled:
-            continue
-        codes: dict[str, int] = {}
-        for reason in d.reasons:
-            code = str(reason.code)
-            codes[code] = codes.get(code, 0) + 1
-        parts.append(
-            f"{int(d.phase)} " + ", ".join(c if n == 1 else f"{c} x{n}" for c, n in codes.items())
-        )
-    return "; ".join(parts) or "-"
-
-
-def render_demo(console: Console, report: VerifyReport, deploy: DeploymentConfig) -> None:
-    """Per batch at the highest level: chosen phase, bytes gathered and KV per rank against
-    level 0, the largest difference over all levels, fallback reasons; then the verdict."""
-    base, top = report.levels[0], report.levels[-1]
-    table = Table(
-        title=f"cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size}: "
-        f"level 0 -> level {top.level}"
-    )
-    for name in ("batch", "tokens", "phase", "gathered/rank", "KV/rank", "max|diff|"):
-        table.add_column(name, justify="right")
-    table.add_column("fallback reasons")
-    for i, row in enumerate(top.rows):
-        rows = [level.rows[i] for level in report.levels]
-        table.add_row(
-            str(row.batch),
-            str(row.tokens),
-            str(row.batch_plan.phase),
-            f"{human_bytes(max(base.rows[i].gathered_bytes_by_rank))} -> "
-            f"{human_bytes(max(row.gathered_bytes_by_rank))}",
-            f"{human_bytes(max(base.rows[i].kv_bytes_by_rank))} -> "
-            f"{human_bytes(max(row.kv_bytes_by_rank))}",
-            f"{max(r.comparison.max_abs_diff for r in rows):.3g}",
-            reason_codes(row.batch_plan),
-        )
-    console.print(table)
-    kv0, kvn = base.rows[-1].kv_bytes_by_rank, top.rows[-1].kv_bytes_by_rank
-    console.print(
-        "KV per rank after the trace: level 0 "
-        + " ".join(human_bytes(b) for b in kv0)
-        + f" | level {top.level} "
-        + " ".join(human_bytes(b) for b in kvn)
-        + f" ({max(kvn) / max(kv0):.2f}x)"
-    )
-    _verdict(console, report)
-
-
-def _verdict(console: Console, report: VerifyReport) -> None:
-    levels = ", ".join(f"level {lv.level} max|diff| {lv.max_abs_diff:.3g}" for lv in report.levels)
-    if report.ok:
-        console.print(
-            f"[green]OK[/green]: every batch equals the reference (top-k sets exact, "
-            f"outputs within {OUTPUT_ATOL:g}); {levels}"
-        )
-    else:
-        bad = sum(not r.comparison.ok for lv in report.levels for r in lv.rows)
-        console.print(f"[red]FAILED[/red]: {bad} batch(es) differ from the reference; {levels}")
-
-
-def render_explain(console: Console, report: ExplainReport) -> None:
-    """One row per batch with its plan and reasons, then the summary."""
-    deploy = report.deploy
-    enabled = ",".join(str(int(p)) for p in sorted(report.enabled)) or "none"
-    table = Table(
-        title=f"cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size} "
-        f"enabled={enabled}"
-    )
-    for name in ("batch", "tokens", "phase"):
-        table.add_column(name, justify="right")
-    table.add_column("plan: split / kv write / kv read / output")
-    table.add_column("why enabled phases are off")
-    for batch, plan in zip(report.batches, report.plans, strict=True):
-        p = plan.plan
-        table.add_row(
-            str(batch.batch),
-            str(batch.num_tokens),
-            str(plan.phase),
-            f"{p.split} / {p.kv_write} / {p.kv_read} / {p.output}",
-            fallback_reasons(plan),
-        )
-    console.print(table)
-    render_explain_summary(console, report)
 
 
 def render_explain_summary(console: Console, report: ExplainReport) -> None:
@@ -197,6 +68,19 @@ def render_bench(console: Console, report: BenchReport) -> None:
     for timing in report.gate:
         gate.add_row(str(timing.bs), f"{timing.microseconds_per_batch:.1f}")
     console.print(gate)
+    plans = Table(title="host plan of one rank per batch (median), page 64")
+    for name in ("requests", "history/request", "page entries", "phase", "us / batch", "us / page"):
+        plans.add_column(name, justify="right")
+    for row in report.host_plan:
+        plans.add_row(
+            str(row.requests),
+            str(row.history_tokens),
+            str(row.pages),
+            str(row.phase),
+            f"{row.microseconds:.0f}",
+            f"{row.microseconds_per_page:.3f}",
+        )
+    console.print(plans)
     tail = Table(title="phase 1: tail bytes gathered per rank, one batch (tiny model)")
     for name in ("cp_size", "mode", "bs", "tokens", "full gather", "narrow", "narrow/full"):
         tail.add_column(name, justify="right")

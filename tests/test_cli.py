@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
+import torch
+from rich.console import Console
 from typer.testing import CliRunner
 
 from cpkv.cli import app
+from cpkv.dry_run import DryRunReport, LevelDryRun
+from cpkv.report import render_dry_run
 
 runner = CliRunner()
 
@@ -60,6 +65,56 @@ def test_verify_on_real_gloo_ranks(mixed_trace_path: Path) -> None:
     doc = json.loads(result.stdout)
     assert doc["ok"] is True and doc["levels"][0]["max_abs_diff"] == 0.0
     assert all(len(b["gathered_bytes_by_rank"]) == 2 for b in doc["batches"])
+
+
+def test_verify_on_meta_runs_every_level_on_shapes_alone(mixed_trace_path: Path) -> None:
+    # NOTE: meta ops run through Python reference kernels (~0.2 ms each): cp 2 keeps it short;
+    # the docs' cp 4 line is the same code path.
+    args = ["verify", str(mixed_trace_path), "--phases", "all", "--cp-size", "2"]
+    result = runner.invoke(app, [*args, "--page-size", "4", "--device", "meta", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is True and doc["device"] == "meta"
+    assert [(lv["level"], lv["ok"], lv["batches"]) for lv in doc["levels"]] == [
+        (level, True, 4) for level in range(6)
+    ]
+    fields = ("level", "batches", "error", "where")
+    levels = tuple(LevelDryRun(**{k: lv[k] for k in fields}) for lv in doc["levels"])
+    report = DryRunReport(2, levels)
+    buffer = io.StringIO()
+    render_dry_run(Console(file=buffer, width=120), report)
+    assert "level 5: ok (4 batches on meta, cp_size=2)" in buffer.getvalue()
+
+
+def test_verify_on_meta_names_the_op_that_read_a_value(
+    mixed_trace_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cpkv_core.runtime import model as model_mod
+
+    original = model_mod.select_topk
+
+    def reads_a_value(scores, query_positions, topk):  # type: ignore[no-untyped-def]
+        int(query_positions.max())  # a host read: fails on meta, syncs on CUDA
+        return original(scores, query_positions, topk)
+
+    monkeypatch.setattr(model_mod, "select_topk", reads_a_value)
+    args = ["verify", str(mixed_trace_path), "--phases", "1", "--cp-size", "2"]
+    result = runner.invoke(app, [*args, "--page-size", "4", "--device", "meta", "--json"])
+    assert result.exit_code == 1, result.output
+    levels = json.loads(result.stdout)["levels"]
+    assert [lv["ok"] for lv in levels] == [False, False]
+    where = levels[0]["where"]
+    assert where.startswith("model.py:") and where.endswith("in attend_request"), where
+    assert "meta" in levels[0]["error"]
+
+
+def test_cuda_device_is_refused_without_one(mixed_trace_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    args = ["verify", str(mixed_trace_path), "--page-size", "4", "--device", "cuda"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "--device cuda needs a CUDA device" in result.stderr
 
 
 @pytest.mark.gloo

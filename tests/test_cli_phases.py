@@ -120,13 +120,19 @@ def test_bad_phase_list_exits_2() -> None:
     assert "'7'" in result.stderr
 
 
-def test_bench_json_reports_every_figure() -> None:
+def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
     trace = str(DATA / "long.jsonl")
-    result = runner.invoke(
-        app, ["bench", "--trace", trace, "--page-size", "16", "--repeats", "1", "--json"]
-    )
+    args = ["bench", "--trace", trace, "--page-size", "16", "--repeats", "1", "--json"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
+    assert json.loads((tmp_path / "bench.json").read_text()) == doc
+    pngs = {"bytes-by-batch", "gate-time", "remap-view-bytes", "pd-bytes-by-rank"}
+    assert pngs <= {p.stem for p in tmp_path.glob("*.png")}
+    for row in doc["bytes_by_batch"]:
+        parts = ("write", "current_gather", "materialize", "tail")
+        assert row["total"] == sum(row[part] for part in parts) > 0
+        assert row["write"] == 0 or row["phase"] != 5
     assert [g["bs"] for g in doc["gate"]] == [1, 32, 256]
     plans = doc["host_plan"]
     assert [row["history_tokens"] for row in plans] == [4096, 32768, 131072]
