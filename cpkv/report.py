@@ -71,14 +71,14 @@ def render_bench(console: Console, report: BenchReport) -> None:
     plans = Table(title="host plan of one rank per batch (median), page 64")
     for name in ("requests", "history/request", "page entries", "phase", "us / batch", "us / page"):
         plans.add_column(name, justify="right")
-    for row in report.host_plan:
+    for plan in report.host_plan:
         plans.add_row(
-            str(row.requests),
-            str(row.history_tokens),
-            str(row.pages),
-            str(row.phase),
-            f"{row.microseconds:.0f}",
-            f"{row.microseconds_per_page:.3f}",
+            str(plan.requests),
+            str(plan.history_tokens),
+            str(plan.pages),
+            str(plan.phase),
+            f"{plan.microseconds:.0f}",
+            f"{plan.microseconds_per_page:.3f}",
         )
     console.print(plans)
     tail = Table(title="phase 1: tail bytes gathered per rank, one batch (tiny model)")

@@ -90,10 +90,6 @@ class PageAllocator:
         """Pages not held by any request."""
         return sum(len(free) for free in self._free)
 
-    def num_free_pages_of(self, owner: int) -> int:
-        """Free pages of one owner."""
-        return len(self._free[owner])
-
     @property
     def num_pages_in_use(self) -> int:
         """Pages held by at least one request."""

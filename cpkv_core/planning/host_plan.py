@@ -91,11 +91,6 @@ class HostPlan:
         """The write reads this rank's own rows, not the gathered chunk."""
         return self.strategies.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT
 
-    @property
-    def view_max_pages(self) -> int:
-        """Slots per owner in the view; 0 without one."""
-        return 0 if self.view is None else self.view.max_pages
-
     def table(self, name: str) -> IntArray:
         """The host copy of one table (tests and debug checks)."""
         offset, length = self.fields[name]

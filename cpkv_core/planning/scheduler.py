@@ -115,11 +115,6 @@ class ScheduledBatch:
         """True when any request already has tokens in the KV cache."""
         return any(self.prefix_lens)
 
-    @property
-    def seq_lens(self) -> tuple[int, ...]:
-        """Tokens per request once the batch is done."""
-        return tuple(r.seq_len for r in self.requests)
-
 
 def pages_for_trace(batches: Sequence[BatchSpec], page_size: int, cp_size: int) -> int:
     """Logical pages that hold a whole trace whatever owners its pages go to.
