@@ -86,7 +86,7 @@ def plot_gate_time(doc: Document) -> Plot | Skip:
     ax.set_xticks(bs, [str(b) for b in bs])
     ax.set_xlabel("batch size (requests per batch, log scale)")
     ax.set_ylabel("µs per batch")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(micros) * 1.2)  # NOTE: headroom for the value labels
     ax.grid(alpha=0.3)
     ax.legend()
     return Plot("gate-time", title, figure, (Series(label, bs, micros),))
@@ -106,14 +106,14 @@ def plot_host_plan_time(doc: Document) -> Plot | Skip:
     per_page = tuple(float(r["microseconds_per_page"]) for r in rows)
     figure = new_figure(7.0, 4.0)
     ax = figure.axes[0]
-    ax.plot(history, micros, marker="o", color=level_color(2), label="µs per batch (left)")
+    label_us = "µs per batch (left)"
+    ax.plot(history, micros, marker="o", color=level_color(2), label=label_us)
     _bar_labels(ax, history, micros)
     twin = ax.twinx()
     label = "µs per page-table entry (right)"
     twin.plot(history, per_page, marker="s", linestyle="--", color="#555555", label=label)
     twin.set_ylabel("µs per page-table entry")
     twin.set_ylim(0, max(per_page) * 1.4)
-    twin.legend(loc="upper center")
     requests = rows[0]["requests"]
     title = f"Host plan of one rank, {requests} requests, page 64: time against history"
     ax.set_title(title)
@@ -123,7 +123,8 @@ def plot_host_plan_time(doc: Document) -> Plot | Skip:
     ax.set_ylabel("µs per batch")
     ax.set_ylim(0, max(micros) * 1.4)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left")
+    # NOTE: one legend for both axes, so neither box covers the other.
+    ax.legend([*ax.get_lines(), *twin.get_lines()], [label_us, label], loc="upper left")
     series = (
         Series("microseconds", history, micros),
         Series("microseconds_per_page", history, per_page),
