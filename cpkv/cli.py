@@ -264,6 +264,16 @@ def bench(
             "--trace", metavar="TRACE", help="Trace to measure; default: the built-in one."
         ),
     ] = None,
+    cp_min_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--nsa-prefill-cp-min-tokens",
+            metavar="N",
+            min=0,
+            help="The cp_off figure's bytes: batches below N tokens, CP on vs off. Default: "
+            "the trace's median batch size.",
+        ),
+    ] = None,
     device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
     out_dir: Annotated[Path | None, out_option("bench.json and one PNG per figure")] = None,
@@ -291,6 +301,7 @@ def bench(
             debug_checks=flags.debug_cp_shared_kv,
             on_step=lambda name: status.update(f"bench: {name}"),
             device=str(device),
+            cp_min_tokens=cp_min_tokens,
         )
     emit(as_json, report.to_json(), lambda: render_bench(out, report))
     if out_dir is not None:

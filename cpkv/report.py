@@ -14,6 +14,7 @@ from cpkv.dry_run import DryRunReport
 from cpkv.explain import ExplainReport
 from cpkv.pd import PdReport
 from cpkv.phase_mix import render_phase_mix
+from cpkv.report_cp_off import render_cp_off
 
 
 def human_bytes(num: float) -> str:
@@ -145,6 +146,7 @@ def render_bench(console: Console, report: BenchReport) -> None:
     for t in report.step_time:
         steps.add_row(str(t.level), f"{t.seconds:.3f}", f"{t.ratio_to_level0:.2f}")
     console.print(steps)
+    render_cp_off(console, report.cp_off)
     pd = Table(title="PD: bytes each prefill rank sent for the trace (Mooncake, loopback)")
     for name in ("level", "bytes by rank", "busiest share", "MiB/s"):
         pd.add_column(name, justify="right")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from cpkv.bench_cp_off import CpOffFigure, CpOffTime, timed_batches
 from cpkv.cli import app
 from cpkv.explain import explain_trace
 from cpkv.runner import Backend
@@ -229,3 +230,23 @@ def test_explain_takes_the_minimum_from_a_config_key(tmp_path: Path) -> None:
         "page-aligned-zigzag",
     ]
 
+
+@pytest.mark.parametrize(
+    ("on_over_off", "break_even"),
+    [
+        ((2.0, 0.9, 1.1, 0.8, 0.5), 4),
+        ((2.0, 1.5, 1.2, 1.1, 1.0), None),
+        ((0.9, 0.8, 0.7, 0.6, 0.5), 1),
+    ],
+)
+def test_break_even_is_the_smallest_size_from_which_cp_on_stays_faster(
+    on_over_off: tuple[float, ...], break_even: int | None
+) -> None:
+    times = [CpOffTime(i + 1, 1, ratio, 1.0) for i, ratio in enumerate(on_over_off)]
+    assert CpOffFigure(0, 4, [], times, 5).break_even_tokens == break_even
+
+
+def test_timed_batches_cut_long_batches_into_chunk_sized_requests() -> None:
+    batches = timed_batches((64, 1024, 2500))
+    assert [b.num_tokens for b in batches] == [64, 1024, 2500]
+    assert [[r.extend_len for r in b.requests] for b in batches] == [[64], [1024], [834, 833, 833]]
