@@ -176,6 +176,8 @@ def render_explain_batch(console: Console, batch: BatchSpec, plan: BatchPlan) ->
         f"plan: split {p.split}, kv write {p.kv_write}, kv read {p.kv_read}, output {p.output}",
         highlight=False,
     )
+    if plan.cp_off is not None:
+        console.print(f"CP off for this batch: {plan.cp_off}", highlight=False, markup=False)
     console.print(_requests_table(batch))
     decisions = Table(title=f"batch {batch.batch}: phases", title_justify="left")
     for name in ("phase", "name", "active", "reasons"):

@@ -14,6 +14,13 @@ from functools import partial
 from typing import Any
 
 from cpkv.bench_bytes import BatchBytes, bytes_by_batch
+from cpkv.bench_cp_off import (
+    CpOffFigure,
+    cp_off_bytes,
+    cp_off_time_jobs,
+    cp_off_times,
+    default_min_tokens,
+)
 from cpkv.bench_kv import (
     ALL_PHASES,
     KvShare,
@@ -24,14 +31,15 @@ from cpkv.bench_kv import (
     WritePathBytes,
     bench_kv_share,
     bench_remaps,
-    bench_step_time,
     materialized_bytes,
     page_balance,
+    step_time_job,
+    step_times,
     write_path_bytes,
 )
 from cpkv.bench_pd import PdBytes, bench_pd
 from cpkv.loop import HostLoop
-from cpkv.runner import Backend, RankJob, run_levels
+from cpkv.runner import Backend, RankJob, run_jobs_on_gloo, run_levels
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec, RequestSpec, build_host_plan, pages_for_trace
 from cpkv_core.runtime import kv_bytes_per_page
@@ -184,6 +192,7 @@ class BenchReport:
     pd: list[PdBytes]
     step_time: list[StepTime]
     step_time_cp_size: int
+    cp_off: CpOffFigure
     warnings: list[str]
 
     def to_json(self) -> dict[str, Any]:
@@ -223,6 +232,7 @@ class BenchReport:
                 "backend": "gloo",
                 "levels": [asdict(row) for row in self.step_time],
             },
+            "cp_off": self.cp_off.to_json(),
         }
 
 
@@ -235,9 +245,11 @@ def run_bench(
     debug_checks: bool = False,
     on_step: Callable[[str], None] | None = None,
     device: str = "cpu",
+    cp_min_tokens: int | None = None,
 ) -> BenchReport:
     """Runs every figure on ``batches`` (the built-in trace by default in the CLI);
-    ``on_step`` hears the name of each figure as it starts."""
+    ``on_step`` hears the name of each figure as it starts. ``cp_min_tokens`` is the minimum
+    of the ``cp_off`` bytes (default: the trace's median batch size)."""
 
     def step(name: str) -> None:
         if on_step is not None:
@@ -253,9 +265,17 @@ def run_bench(
     share = bench_kv_share(model, batches, deploy.page_size, (2, 4, 8))
     step("slot vs unique remap")
     remaps = bench_remaps(model, repeats=max(5, 5 * repeats))
-    step(f"step time of levels 0-5 on {deploy.cp_size} gloo ranks")
+    min_tokens = default_min_tokens(batches) if cp_min_tokens is None else cp_min_tokens
+    step(f"CP off: bytes of batches below {min_tokens} tokens, CP on vs off")
+    off_bytes = cp_off_bytes(model, deploy, batches, min_tokens, device=device)
+    step(f"step time of levels 0-5, and CP on vs off by batch size, on {deploy.cp_size} gloo ranks")
     levels = tuple(range(6))
-    times, runs = bench_step_time(model, deploy, batches, levels, repeats, debug_checks, device)
+    step_job = step_time_job(model, deploy, batches, levels, repeats, debug_checks, device)
+    off_jobs = cp_off_time_jobs(model, deploy, repeats, levels[-1], device=device)
+    # NOTE: one gloo group for both timings: a spawn costs seconds.
+    group_runs = run_jobs_on_gloo([step_job, *off_jobs])
+    times, runs = step_times(levels, repeats, group_runs[0])
+    off_times = cp_off_times(off_jobs, group_runs[1:])
     page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, deploy.page_size)
     step(f"PD: {deploy.cp_size} prefill ranks -> decode over Mooncake loopback")
     pd = bench_pd(model, deploy, batches, (0, 2, 5))
@@ -272,5 +292,6 @@ def run_bench(
         remaps=remaps,
         step_time=times,
         step_time_cp_size=deploy.cp_size,
+        cp_off=CpOffFigure(min_tokens, deploy.cp_size, off_bytes, off_times, levels[-1]),
         warnings=list(warnings),
     )

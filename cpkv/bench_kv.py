@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from cpkv.loop import HostLoop
-from cpkv.runner import Backend, LevelRun, RankJob, run_jobs_on_gloo, run_levels
+from cpkv.runner import Backend, LevelRun, RankJob, run_levels
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.dist import Communicator, run_local
 from cpkv_core.planning import (
@@ -230,7 +230,7 @@ def _trace_seconds(run: LevelRun) -> float:
     return sum(max(p.seconds for p in pieces) for pieces in run.rank_outputs)
 
 
-def bench_step_time(
+def step_time_job(
     model: ModelConfig,
     deploy: DeploymentConfig,
     batches: Sequence[BatchSpec],
@@ -238,11 +238,17 @@ def bench_step_time(
     repeats: int,
     debug_checks: bool = False,
     device: str = "cpu",
-) -> tuple[list[StepTime], list[LevelRun]]:
-    """Runs every level once to warm up, then ``repeats`` rounds of every level, interleaved,
-    in ONE gloo group. Returns the times and the last round's runs."""
+) -> RankJob:
+    """Every level once to warm up, then ``repeats`` rounds of every level, interleaved; for
+    the bench's one gloo group (``run_jobs_on_gloo``)."""
     rounds = tuple(levels) * (repeats + 1)
-    runs = run_jobs_on_gloo([_job(model, deploy, batches, rounds, debug_checks, device)])[0]
+    return _job(model, deploy, batches, rounds, debug_checks, device)
+
+
+def step_times(
+    levels: Sequence[int], repeats: int, runs: Sequence[LevelRun]
+) -> tuple[list[StepTime], list[LevelRun]]:
+    """The times of :func:`step_time_job`'s ``runs``, and the last round's runs."""
     per_level = {
         level: statistics.median(
             _trace_seconds(runs[r * len(levels) + i]) for r in range(1, repeats + 1)
@@ -251,7 +257,7 @@ def bench_step_time(
     }
     base = per_level[levels[0]]
     times = [StepTime(level, s, s / base) for level, s in per_level.items()]
-    return times, runs[-len(levels) :]
+    return times, list(runs[-len(levels) :])
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +283,7 @@ def write_path_bytes(runs: Sequence[LevelRun]) -> list[WritePathBytes]:
     for run in runs:
         for i, step in enumerate(run.steps):
             plan = step.decision.plan
+            gathers = not plan.computes_every_token  # NOTE: the none split gathers nothing
             tags = run.rank_outputs[i][0].gathered_bytes
             rows.append(
                 WritePathBytes(
@@ -284,8 +291,9 @@ def write_path_bytes(runs: Sequence[LevelRun]) -> list[WritePathBytes]:
                     batch=i,
                     phase=step.decision.phase,
                     gathered_bytes=tags.get("current_kv", 0) + tags.get("current_index_k", 0),
-                    needed_by_write=plan.kv_write is not KvWriteStrategy.COMPUTE_OWNER_DIRECT,
-                    needed_by_read=plan.kv_read is KvReadStrategy.CURRENT_REUSE,
+                    needed_by_write=gathers
+                    and plan.kv_write is not KvWriteStrategy.COMPUTE_OWNER_DIRECT,
+                    needed_by_read=gathers and plan.kv_read is KvReadStrategy.CURRENT_REUSE,
                 )
             )
     return rows

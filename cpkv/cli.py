@@ -71,6 +71,15 @@ CpModeOpt = Annotated[
     CpMode | None,
     typer.Option("--cp-mode", help="How current tokens are split. Default: the flags."),
 ]
+CpMinTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nsa-prefill-cp-min-tokens",
+        metavar="N",
+        help="Batches with fewer current tokens run unsplit (CP off for them); 0: always "
+        "split. Default: the flags (0).",
+    ),
+]
 BackendOpt = Annotated[
     Backend, typer.Option("--backend", help="gloo: one process per rank; local: threads.")
 ]
@@ -148,6 +157,7 @@ def verify(
     cp_size: CpSizeOpt = None,
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
+    cp_min_tokens: CpMinTokensOpt = None,
     backend: BackendOpt = Backend.GLOO,
     model_name: ModelOpt = "tiny",
     index_k_dtype: IndexDtypeOpt = IndexKDtype.FP8_E4M3,
@@ -159,7 +169,9 @@ def verify(
     --device meta, a dry run instead: every level's whole step on shapes alone, naming the
     first op that needed a value or a tensor on another device."""
     with bad_input_exits():
-        settings = resolve_run(config, phases, cp_size, page_size, cp_mode, index_k_dtype)
+        settings = resolve_run(
+            config, phases, cp_size, page_size, cp_mode, index_k_dtype, cp_min_tokens
+        )
         model = _runnable_model(model_name)
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
@@ -178,6 +190,7 @@ def explain(
     cp_size: CpSizeOpt = None,
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
+    cp_min_tokens: CpMinTokensOpt = None,
     summary: Annotated[
         bool, typer.Option("--summary", help="Only the phase mix, not every batch's plan.")
     ] = False,
@@ -191,7 +204,9 @@ def explain(
     """The gate's BatchPlan for every batch of TRACE, with reasons, and the phase mix: the
     share of batches and tokens per phase, and fallback reasons counted by code."""
     with bad_input_exits():
-        settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
+        settings = resolve_run(
+            config, phases, cp_size, page_size, cp_mode, cp_min_tokens=cp_min_tokens
+        )
         trace = load_trace(trace_path, settings.deploy.page_size)
     report = explain_trace(trace.batches, settings.enabled, settings.deploy, settings.ceiling)
     if batch is not None:
@@ -249,6 +264,16 @@ def bench(
             "--trace", metavar="TRACE", help="Trace to measure; default: the built-in one."
         ),
     ] = None,
+    cp_min_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--nsa-prefill-cp-min-tokens",
+            metavar="N",
+            min=0,
+            help="The cp_off figure's bytes: batches below N tokens, CP on vs off. Default: "
+            "the trace's median batch size.",
+        ),
+    ] = None,
     device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
     out_dir: Annotated[Path | None, out_option("bench.json and one PNG per figure")] = None,
@@ -276,6 +301,7 @@ def bench(
             debug_checks=flags.debug_cp_shared_kv,
             on_step=lambda name: status.update(f"bench: {name}"),
             device=str(device),
+            cp_min_tokens=cp_min_tokens,
         )
     emit(as_json, report.to_json(), lambda: render_bench(out, report))
     if out_dir is not None:
@@ -348,6 +374,7 @@ def pd(
     cp_size: CpSizeOpt = None,
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
+    cp_min_tokens: CpMinTokensOpt = None,
     timeout: Annotated[
         float,
         typer.Option(
@@ -367,7 +394,9 @@ def pd(
     and one decode step against the reference; exit 0 only when every request checks out.
     --device meta: a dry run of the prefill."""
     with bad_input_exits():
-        settings = resolve_run(config, phases, cp_size, page_size, cp_mode)
+        settings = resolve_run(
+            config, phases, cp_size, page_size, cp_mode, cp_min_tokens=cp_min_tokens
+        )
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
         if device is Device.CUDA:

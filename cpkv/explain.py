@@ -16,9 +16,11 @@ from phases import BatchPlan, PhaseId
 
 
 def plan_to_json(plan: BatchPlan) -> dict[str, Any]:
-    """The strategies and per-phase decisions of one ``BatchPlan``."""
+    """The strategies and per-phase decisions of one ``BatchPlan``; ``cp_off`` is the
+    ``CP_OFF`` reason of a batch that runs unsplit, else null."""
     return {
         "phase": plan.phase,
+        "cp_off": None if plan.cp_off is None else plan.cp_off.to_json(),
         "plan": {
             "split": str(plan.plan.split),
             "kv_write": str(plan.plan.kv_write),

@@ -1,5 +1,6 @@
-"""The phase mix of a trace: the share of batches and tokens each phase takes, and why
-enabled phases fell back, counted by reason code; :func:`phase_mix`."""
+"""The phase mix of a trace: the share of batches and tokens each phase takes, the share that
+runs unsplit (CP_OFF), and why enabled phases fell back, counted by reason code;
+:func:`phase_mix`."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class PhaseShare:
         }
 
 
+CP_OFF_KEY = -1
+"""Where unsplit (CP_OFF) batches are counted next to phases 0..5; no phase has it."""
+
+
 @dataclass(frozen=True, slots=True)
 class PhaseMix:
     """Shares for phases 0..5 and fallback codes of the enabled phases.
@@ -50,14 +55,19 @@ class PhaseMix:
     shares: tuple[PhaseShare, ...]
     fallbacks: dict[int, dict[str, int]]
     """Enabled phase -> reason code -> batches in which the phase was off for it."""
+    cp_off: PhaseShare
+    """The batches that ran unsplit (CP_OFF), whatever their phase (``phase`` is
+    ``CP_OFF_KEY``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The keys ``cpkv explain`` adds to its summary."""
+        cp_off = {k: v for k, v in self.cp_off.to_json().items() if k != "phase"}
         return {
             "batches": self.batches,
             "tokens": self.tokens,
             "shares": [share.to_json() for share in self.shares],
             "fallbacks": {str(p): codes for p, codes in self.fallbacks.items()},
+            "cp_off": cp_off,
         }
 
 
@@ -71,22 +81,26 @@ def phase_mix(
     for batch, plan in zip(batches, plans, strict=True):
         batch_count[plan.phase] += 1
         token_count[plan.phase] += batch.num_tokens
+        if plan.cp_off is not None:
+            batch_count[CP_OFF_KEY] += 1
+            token_count[CP_OFF_KEY] += batch.num_tokens
         for decision in plan.decisions:
             if decision.phase in enabled and not decision.active:
                 fallbacks[int(decision.phase)].update({str(r.code) for r in decision.reasons})
     total_batches, total_tokens = len(plans), sum(b.num_tokens for b in batches)
-    shares = tuple(
-        PhaseShare(
+
+    def share(phase: int) -> PhaseShare:
+        return PhaseShare(
             phase,
             batch_count[phase],
             token_count[phase],
             batch_count[phase] / total_batches if total_batches else 0.0,
             token_count[phase] / total_tokens if total_tokens else 0.0,
         )
-        for phase in range(len(PhaseId) + 1)
-    )
+
+    shares = tuple(share(phase) for phase in range(len(PhaseId) + 1))
     codes = {p: dict(sorted(c.items())) for p, c in fallbacks.items()}
-    return PhaseMix(total_batches, total_tokens, shares, codes)
+    return PhaseMix(total_batches, total_tokens, shares, codes, share(CP_OFF_KEY))
 
 
 def render_phase_mix(console: Console, mix: PhaseMix, title: str) -> None:
@@ -104,6 +118,13 @@ def render_phase_mix(console: Console, mix: PhaseMix, title: str) -> None:
             f"{share.token_share:.1%}",
         )
     console.print(table)
+    off = mix.cp_off
+    console.print(
+        f"CP off (CP_OFF, split none): {off.batches} batches ({off.batch_share:.1%}), "
+        f"{off.tokens:,} tokens ({off.token_share:.1%})",
+        highlight=False,
+        markup=False,
+    )
     for phase, codes in mix.fallbacks.items():
         text = ", ".join(f"{code} x{n}" for code, n in codes.items()) or "never"
         console.print(

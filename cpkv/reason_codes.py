@@ -15,6 +15,8 @@ DISABLED = "DISABLED"
 """The code of a phase that is not in the enabled set; tables leave it out."""
 NEEDS_INACTIVE = "NEEDS_INACTIVE"
 """The code of a phase whose need is off; tables show it only when it is the only code."""
+CP_OFF = "CP_OFF"
+"""The code of a batch that runs unsplit; tables show it once per batch, not per phase."""
 
 SHORT_LABELS: dict[str, str] = {
     "NEEDS_INACTIVE": "NEEDS",
@@ -44,6 +46,10 @@ MEANINGS: dict[str, str] = {
     "OWNER_MISMATCH": "a chunk resumes in a page another rank owns",
     "NOT_OWNER_ALLOCATED": "the batch's pages were dealt, not put on their compute owners",
     "KILLED": "its kill switch tripped at runtime",
+    "CP_OFF": (
+        "fewer current tokens than --nsa-prefill-cp-min-tokens: every rank computes the whole "
+        "batch (split none), and phases 1, 4, 5 are off for it"
+    ),
 }
 """What each code means, for the legend under a table; see docs/phases/README.md."""
 

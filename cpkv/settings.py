@@ -15,6 +15,7 @@ VALUE_PROBLEMS = frozenset(
         ProblemCode.PAGE_SIZE_BELOW_ONE,
         ProblemCode.DECODE_CP_SIZE_BELOW_ONE,
         ProblemCode.MAX_PHASE_OUT_OF_RANGE,
+        ProblemCode.CP_MIN_TOKENS_BELOW_ZERO,
     }
 )
 """Problems that make a run meaningless; combination problems are the gate's to report."""
@@ -37,10 +38,12 @@ def resolve_run(
     page_size: int | None,
     cp_mode: CpMode | None,
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
+    cp_min_tokens: int | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
-    ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set.
+    ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set;
+    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``.
 
     Raises:
         ValueError: a malformed config, environment variable, option or phase list.
@@ -52,6 +55,8 @@ def resolve_run(
         cli["page_size"] = page_size
     if cp_mode is not None:
         cli["nsa_prefill_cp_mode"] = cp_mode
+    if cp_min_tokens is not None:
+        cli["nsa_prefill_cp_min_tokens"] = cp_min_tokens
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:

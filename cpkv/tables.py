@@ -14,7 +14,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from cpkv.reason_codes import DISABLED, MEANINGS, NEEDS_INACTIVE, count_codes, short_label
+from cpkv.reason_codes import (
+    CP_OFF,
+    DISABLED,
+    MEANINGS,
+    NEEDS_INACTIVE,
+    count_codes,
+    short_label,
+)
 from cpkv_core.planning.execution import ExecutionPlan
 from phases.gate import BatchPlan
 
@@ -28,6 +35,7 @@ PLAN_WORDS: dict[str, str] = {
     "current-reuse": "reuse",
     "full-gather": "full",
     "narrow-last-token": "narrow",
+    "local-last-token": "own",
 }
 """Short words for long strategy names; a name not listed is shown as itself."""
 
@@ -51,7 +59,8 @@ def short_bytes(num: float) -> str:
 
 def fallback_codes(plan: BatchPlan) -> list[tuple[int, dict[str, int]]]:
     """Per inactive phase: its reason codes counted. A phase off only as DISABLED is left out,
-    and so is NEEDS_INACTIVE next to another code (the other code says why)."""
+    and so is NEEDS_INACTIVE next to another code (the other code says why). CP_OFF is said
+    once for the batch (:func:`compact_reasons`), so a phase off only for it is left out."""
     rows = []
     for decision in plan.decisions:
         if decision.active:
@@ -59,15 +68,18 @@ def fallback_codes(plan: BatchPlan) -> list[tuple[int, dict[str, int]]]:
         codes = count_codes(decision.reasons)
         if set(codes) == {DISABLED}:
             continue
-        if len(codes) > 1:
+        cp_off = codes.pop(CP_OFF, 0)
+        if len(codes) > 1 or cp_off:
             codes.pop(NEEDS_INACTIVE, None)
-        rows.append((int(decision.phase), dict(codes)))
+        if codes:
+            rows.append((int(decision.phase), dict(codes)))
     return rows
 
 
 def compact_reasons(plan: BatchPlan) -> str:
-    """``3:HAS_HISTORY×2 4:SHORT×3 5:UNALIGNED×3``; ``-`` when nothing fell back."""
-    parts = []
+    """``3:HAS_HISTORY×2 4:SHORT×3 5:UNALIGNED×3``, led by ``CP_OFF`` for a batch that runs
+    unsplit; ``-`` when nothing fell back."""
+    parts = [CP_OFF] if plan.cp_off is not None else []
     for phase, codes in fallback_codes(plan):
         labels = [short_label(c) + (f"×{n}" if n > 1 else "") for c, n in codes.items()]
         parts.append(f"{phase}:" + ",".join(labels))
@@ -103,6 +115,8 @@ def print_legend(console: Console, plans: Iterable[BatchPlan], detail_hint: str)
     """Under a table with :func:`compact_reasons`: every code it shows, once, with its meaning."""
     used: dict[str, None] = {}
     for plan in plans:
+        if plan.cp_off is not None:
+            used[CP_OFF] = None
         for _, codes in fallback_codes(plan):
             used.update(dict.fromkeys(codes))
     if not used:

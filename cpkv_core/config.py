@@ -274,6 +274,9 @@ class DeploymentConfig(BaseModel):
     """PD transfer engine; only used when ``disaggregation_mode`` is not ``null``."""
     decode_cp_size: int = Field(default=1, ge=1)
     """CP size of the decode server that receives this prefill server's KV; 1 means no CP."""
+    cp_min_tokens: int = Field(default=0, ge=0)
+    """Batches with fewer current tokens than this run unsplit: every CP rank computes every
+    token (the ``none`` split); 0 means every batch is split."""
 
     @property
     def pd_backend(self) -> TransferBackend | None:

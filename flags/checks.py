@@ -21,6 +21,8 @@ class ProblemCode(StrEnum):
     """``--page-size`` is below 1."""
     DECODE_CP_SIZE_BELOW_ONE = "DECODE_CP_SIZE_BELOW_ONE"
     """``--disaggregation-decode-cp-size`` is below 1."""
+    CP_MIN_TOKENS_BELOW_ZERO = "CP_MIN_TOKENS_BELOW_ZERO"
+    """``--nsa-prefill-cp-min-tokens`` is below 0."""
     MAX_PHASE_OUT_OF_RANGE = "MAX_PHASE_OUT_OF_RANGE"
     """``CPKV_MAX_PHASE`` is set outside 0..5."""
     PHASE_WITHOUT_CP = "PHASE_WITHOUT_CP"
@@ -86,6 +88,7 @@ def check_flags(flags: FlagSet) -> list[Problem]:
 
 
 _SIZE_CODES = {
+    ProblemCode.CP_MIN_TOKENS_BELOW_ZERO,
     ProblemCode.CP_SIZE_BELOW_ONE,
     ProblemCode.PAGE_SIZE_BELOW_ONE,
     ProblemCode.DECODE_CP_SIZE_BELOW_ONE,
@@ -113,6 +116,11 @@ def _value_problems(flags: FlagSet) -> list[Problem]:
         if value < 1:
             hint = f"set {FLAG_SPECS[name].cli} to 1 or more"
             problems.append(Problem(code, ((name, value),), hint))
+    if flags.nsa_prefill_cp_min_tokens < 0:
+        name = "nsa_prefill_cp_min_tokens"
+        hint = f"set {FLAG_SPECS[name].cli} to 0 (always split) or more"
+        code = ProblemCode.CP_MIN_TOKENS_BELOW_ZERO
+        problems.append(Problem(code, ((name, flags.nsa_prefill_cp_min_tokens),), hint))
     ceiling = flags.max_phase
     if ceiling is not None and not 0 <= ceiling <= max(PhaseId):
         hint = "set CPKV_MAX_PHASE to 0..5, or unset it for no ceiling"

@@ -32,6 +32,8 @@ class FlagSet(BaseModel):
     """CP ranks sharing a prefill chunk (>= 1); used only while CP is on."""
     page_size: int = 64
     """Tokens per KV page (>= 1; 64 for NSA models)."""
+    nsa_prefill_cp_min_tokens: int = 0
+    """A batch with fewer current tokens runs unsplit on every CP rank (>= 0; 0 = always split)."""
     enable_nsa_prefill_cp_narrow_output: bool = False
     """Phase 1: gather only each request's last-token hidden state at the tail."""
     enable_nsa_prefill_cp_shared_kv: bool = False
@@ -75,7 +77,8 @@ class FlagSet(BaseModel):
         """The deployment these flags describe; ``cp_size`` is 1 while CP is off.
 
         Raises:
-            FlagError: ``attn_cp_size``, ``page_size`` or the decode CP size is below 1.
+            FlagError: ``attn_cp_size``, ``page_size`` or the decode CP size is below 1, or
+                the CP minimum tokens below 0.
         """
         sizes = (
             ("cp_size", "attn_cp_size"),
@@ -86,6 +89,11 @@ class FlagSet(BaseModel):
             value = getattr(self, name)
             if value < 1:
                 raise FlagError(f"{key} must be >= 1, got {value} (flag {FLAG_SPECS[name].cli})")
+        if self.nsa_prefill_cp_min_tokens < 0:
+            raise FlagError(
+                f"cp_min_tokens must be >= 0, got {self.nsa_prefill_cp_min_tokens} "
+                f"(flag {FLAG_SPECS['nsa_prefill_cp_min_tokens'].cli})"
+            )
         return DeploymentConfig(
             cp_size=self.attn_cp_size if self.enable_nsa_prefill_context_parallel else 1,
             cp_mode=self.nsa_prefill_cp_mode,
@@ -93,6 +101,7 @@ class FlagSet(BaseModel):
             disaggregation_mode=self.disaggregation_mode,
             transfer_backend=self.disaggregation_transfer_backend,
             decode_cp_size=self.disaggregation_decode_cp_size,
+            cp_min_tokens=self.nsa_prefill_cp_min_tokens,
         )
 
 

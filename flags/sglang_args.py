@@ -40,6 +40,7 @@ VALUED: dict[str, str] = {
     "--cp-strategy": "nsa_prefill_cp_mode",
     "--attn-cp-size": "attn_cp_size",
     "--page-size": "page_size",
+    "--nsa-prefill-cp-min-tokens": "nsa_prefill_cp_min_tokens",
     "--disaggregation-mode": "disaggregation_mode",
     "--disaggregation-transfer-backend": "disaggregation_transfer_backend",
     "--disaggregation-decode-cp-size": "disaggregation_decode_cp_size",

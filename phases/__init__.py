@@ -1,6 +1,7 @@
 """Phases, the "when" layer: per-phase contracts and the runtime gate; entry point ``Gate``."""
 
 from phases.base import Phase, StartupContract, check_startup
+from phases.cp_off import cp_off_reason, runs_unsplit
 from phases.gate import (
     BatchPlan,
     Gate,
@@ -26,8 +27,10 @@ __all__ = [
     "StartupContract",
     "check_startup",
     "closure_of_needs",
+    "cp_off_reason",
     "level_enabled",
     "levels_of",
     "parse_phase_list",
+    "runs_unsplit",
     "startup_problems",
 ]

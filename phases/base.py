@@ -37,6 +37,9 @@ class Phase(Protocol):
 
     id: PhaseId
     needs: tuple[PhaseId, ...]
+    needs_split: bool
+    """Its mechanics need the batch split over the ranks; a batch the gate runs unsplit
+    (``CP_OFF``) leaves it off without checking the batch contract."""
     startup_contract: ClassVar[type[StartupContract]]
     summary: str
 

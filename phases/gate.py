@@ -2,7 +2,9 @@
 
 It decides one ``ScheduledBatch`` at a time from the runtime state it holds: the enabled set,
 the ceiling, the start-up contracts (validated once, here) and the kill switches tripped so
-far. Everything that does not depend on the batch is settled at construction or when a
+far. It first decides whether the batch is split at all (``cp_off``: a batch below the
+deployment's ``cp_min_tokens`` runs unsplit, and phases that need a split are off for it).
+Everything that does not depend on the batch is settled at construction or when a
 switch trips, so a decision costs a few microseconds and formats no text.
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import ExecutionPlan, OwnerPolicy, ScheduledBatch
 from phases.base import Phase, check_startup
+from phases.cp_off import cp_off_reason
 from phases.ids import PhaseId
 from phases.reasons import Reason, ReasonCode, ReasonValue
 from phases.registry import REGISTERED_PHASES
@@ -42,6 +45,9 @@ class BatchPlan:
     plan: ExecutionPlan
     decisions: tuple[PhaseDecision, ...]
     """One per phase 1..5, in order."""
+    cp_off: Reason | None = None
+    """``CP_OFF tokens=.. min=..`` when the batch runs unsplit (the ``none`` split: every
+    rank computes every token); None when it is split."""
 
 
 _NEEDS = {pid: Reason(ReasonCode.NEEDS_INACTIVE, (("phase", int(pid)),)) for pid in PhaseId}
@@ -51,8 +57,10 @@ class Gate:
     """Decides per batch which phases are active.
 
     A phase is active only if it is enabled, registered, under the ceiling, not killed, its
-    start-up contract holds, every phase it needs is active for the batch, and its batch
-    contract holds. Per batch the gate reads the scheduled batch's host metadata only.
+    start-up contract holds, every phase it needs is active for the batch, the batch is
+    split when the phase needs a split (else ``CP_OFF``, and its batch contract is not
+    asked), and its batch contract holds. Per batch the gate reads the scheduled batch's
+    host metadata only.
     """
 
     def __init__(
@@ -68,12 +76,13 @@ class Gate:
         self.registry = registry
         self.baseline = ExecutionPlan.baseline(deploy.cp_mode)
         self.killed: dict[PhaseId, Reason] = {}
-        self._plans: dict[tuple[PhaseId, ...], ExecutionPlan] = {}
-        """The plan of each active set seen so far: at most 2**5, built once."""
+        self._plans: dict[tuple[bool, tuple[PhaseId, ...]], ExecutionPlan] = {}
+        """The plan of each (unsplit, active set) seen so far: at most 2 * 2**5, built once."""
         self._static = {pid: self._static_reasons(pid) for pid in PhaseId}
 
     def decide(self, batch: ScheduledBatch) -> BatchPlan:
         """The ``BatchPlan`` of ``batch``."""
+        cp_off = cp_off_reason(batch.num_tokens, self.deploy)
         active: list[PhaseId] = []
         decisions = []
         for pid in PhaseId:
@@ -82,19 +91,23 @@ class Gate:
                 decisions.append(PhaseDecision(pid, False, static))
                 continue
             reasons = [*static, *(_NEEDS[n] for n in phase.needs if n not in active)]
-            reasons += phase.check_batch(batch, self.deploy)
+            if cp_off is not None and phase.needs_split:
+                reasons.append(cp_off)
+            else:
+                reasons += phase.check_batch(batch, self.deploy)
             if not reasons:
                 active.append(pid)
             decisions.append(PhaseDecision(pid, not reasons, tuple(reasons)))
-        key = tuple(active)
+        key = (cp_off is not None, tuple(active))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self._plan_of(key)
-        return BatchPlan(int(active[-1]) if active else 0, plan, tuple(decisions))
+            plan = self._plans[key] = self._plan_of(*key)
+        return BatchPlan(int(active[-1]) if active else 0, plan, tuple(decisions), cp_off)
 
-    def _plan_of(self, active: tuple[PhaseId, ...]) -> ExecutionPlan:
-        """The baseline with every active phase's strategies, in phase order."""
-        plan = self.baseline
+    def _plan_of(self, unsplit: bool, active: tuple[PhaseId, ...]) -> ExecutionPlan:
+        """The baseline (split, or unsplit for a CP_OFF batch) with every active phase's
+        strategies, in phase order."""
+        plan = ExecutionPlan.unsplit() if unsplit else self.baseline
         for pid in active:
             plan = self.registry[pid].contribute(plan)
         return plan

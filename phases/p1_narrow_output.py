@@ -39,6 +39,9 @@ class NarrowOutput:
 
     id: PhaseId = PhaseId.NARROW_OUTPUT
     needs: tuple[PhaseId, ...] = ()
+    # NOTE: an unsplit batch (CP_OFF) has every last token on every rank: no tail gather
+    # to narrow.
+    needs_split: bool = True
     startup_contract: ClassVar[type[StartupContract]] = NarrowOutputStartup
     summary: str = "gather only each request's last-token hidden state at the tail"
 

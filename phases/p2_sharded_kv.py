@@ -42,6 +42,9 @@ class ShardedKV:
 
     id: PhaseId = PhaseId.SHARDED_KV
     needs: tuple[PhaseId, ...] = ()
+    # NOTE: KV at rest stays sharded; an unsplit batch writes its owned pages from its own
+    # rows.
+    needs_split: bool = False
     startup_contract: ClassVar[type[StartupContract]] = ShardedKVStartup
     summary: str = "shard MLA KV and index K/scale by page owner; read through a full view"
 

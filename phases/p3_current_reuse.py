@@ -27,6 +27,8 @@ class CurrentReuse:
 
     id: PhaseId = PhaseId.CURRENT_REUSE
     needs: tuple[PhaseId, ...] = (PhaseId.SHARDED_KV,)
+    # NOTE: under the none split a rank's own rows are the whole current chunk.
+    needs_split: bool = False
     startup_contract: ClassVar[type[StartupContract]] = CurrentReuseStartup
     summary: str = "current-only batches read the gathered chunk and skip materialization"
 

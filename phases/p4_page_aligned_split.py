@@ -48,6 +48,8 @@ class PageAlignedSplit:
 
     id: PhaseId = PhaseId.PAGE_ALIGNED_SPLIT
     needs: tuple[PhaseId, ...] = (PhaseId.SHARDED_KV,)
+    # NOTE: an unsplit batch (CP_OFF) has no segments to align.
+    needs_split: bool = True
     startup_contract: ClassVar[type[StartupContract]] = PageAlignedSplitStartup
     summary: str = "cut the zigzag split at page boundaries: one compute owner per page"
 

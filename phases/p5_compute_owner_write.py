@@ -62,6 +62,9 @@ class ComputeOwnerWrite:
 
     id: PhaseId = PhaseId.COMPUTE_OWNER_WRITE
     needs: tuple[PhaseId, ...] = (PhaseId.PAGE_ALIGNED_SPLIT,)
+    # NOTE: direct writes rest on one compute owner per page; unsplit, every rank computes
+    # every page.
+    needs_split: bool = True
     startup_contract: ClassVar[type[StartupContract]] = ComputeOwnerWriteStartup
     summary: str = "each rank writes the KV it computed into its own pool, no gather"
 

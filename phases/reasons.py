@@ -37,6 +37,9 @@ class ReasonCode(StrEnum):
     """Its kill switch tripped at runtime (a shadow mismatch or an operator's switch)."""
     NOT_OWNER_ALLOCATED = "NOT_OWNER_ALLOCATED"
     """Phase 5: the scheduler dealt the batch's pages (compute-owner allocation was off)."""
+    CP_OFF = "CP_OFF"
+    """The batch has fewer current tokens than ``--nsa-prefill-cp-min-tokens``, so it runs
+    unsplit (every rank computes every token); phases that need a split are off for it."""
 
 
 ReasonValue = int | str

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cpkv.bench_cp_off import CP_OFF_SIZES
 from cpkv.cli import app
+from cpkv_core.traces import load_trace
 from tests.conftest import DATA
 
 runner = CliRunner()
@@ -156,6 +158,19 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
     level5 = [row for row in doc["write_path"] if row["level"] == 5 and row["phase"] == 5]
     assert level5 and all(row["write_path_bytes"] == 0 for row in level5)
     assert doc["step_time"]["levels"][0]["ratio_to_level0"] == 1.0
+    cp_off = doc["cp_off"]
+    batches = load_trace(DATA / "long.jsonl", 16).batches
+    below = {b.batch for b in batches if b.num_tokens < cp_off["min_tokens"]}
+    assert below and {row["batch"] for row in cp_off["bytes"]} == below
+    for row in cp_off["bytes"]:
+        if row["cp"] == "off":  # the none split gathers no current chunk and no tail
+            assert (row["split"], row["current_gather"], row["tail"]) == ("none", 0, 0)
+        else:
+            assert row["split"] != "none" and row["tail"] > 0
+    sizes = cp_off["step_time"]["sizes"]
+    assert [row["tokens"] for row in sizes] == list(CP_OFF_SIZES)
+    assert all(row["cp_on_seconds"] > 0 and row["cp_off_seconds"] > 0 for row in sizes)
+    assert "cp-off-step-time" in {p.stem for p in tmp_path.glob("*.png")}
 
 
 def test_explain_chooses_phase_5_for_long_requests_and_explains_the_rest() -> None:

@@ -101,6 +101,10 @@ def test_narrow_output_needs_nothing() -> None:
         ({"disaggregation_decode_cp_size": 0}, "DECODE_CP_SIZE_BELOW_ONE"),
         ({"max_phase": 6}, "MAX_PHASE_OUT_OF_RANGE CPKV_MAX_PHASE=6"),
         ({"max_phase": -1}, "MAX_PHASE_OUT_OF_RANGE CPKV_MAX_PHASE=-1"),
+        (
+            {"nsa_prefill_cp_min_tokens": -1},
+            "CP_MIN_TOKENS_BELOW_ZERO nsa_prefill_cp_min_tokens=-1",
+        ),
     ],
 )
 def test_reports_values_out_of_range(overrides: dict[str, Any], expected: str) -> None:
@@ -221,3 +225,9 @@ def test_flag_set_is_frozen_and_forbids_unknown_fields() -> None:
         FlagSet(cp_size=2)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="frozen"):
         FlagSet().page_size = 4  # type: ignore[misc]
+
+
+def test_deployment_carries_the_cp_minimum_and_refuses_a_negative_one() -> None:
+    assert make_flags(nsa_prefill_cp_min_tokens=4096).deployment().cp_min_tokens == 4096
+    with pytest.raises(FlagError, match=r"cp_min_tokens must be >= 0, got -1 \(flag --nsa-pre"):
+        make_flags(nsa_prefill_cp_min_tokens=-1).deployment()

@@ -198,3 +198,9 @@ def test_missing_optional_fields_mean_off() -> None:
 def test_rejects_malformed_forward_batches(overrides: dict[str, object], match: str) -> None:
     with pytest.raises(FlagError, match=match):
         batch_from_forward_batch(forward_batch(**overrides))
+
+
+def test_reads_the_cp_minimum_from_a_launch_command() -> None:
+    flags, ignored = from_sglang(NEWER + " --nsa-prefill-cp-min-tokens 4096")
+    assert flags.nsa_prefill_cp_min_tokens == 4096
+    assert "--nsa-prefill-cp-min-tokens" not in ignored and "4096" not in ignored

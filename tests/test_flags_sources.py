@@ -186,3 +186,13 @@ def test_rejects_bad_cli_values(cli: dict[str, object], match: str) -> None:
 def test_set_option_needs_key_and_value() -> None:
     with pytest.raises(FlagError, match="KEY=VALUE"):
         parse_set_option("attn-cp-size")
+
+
+def test_cp_minimum_comes_from_the_environment_as_a_typed_int(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CPKV_NSA_PREFILL_CP_MIN_TOKENS", "4096")
+    resolved = resolve_flags()
+    assert resolved.flags.nsa_prefill_cp_min_tokens == 4096
+    assert resolved.sources["nsa_prefill_cp_min_tokens"] == "env:CPKV_NSA_PREFILL_CP_MIN_TOKENS"
+    assert FLAG_SPECS["nsa_prefill_cp_min_tokens"].toml_key == "nsa-prefill-cp-min-tokens"

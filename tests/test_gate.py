@@ -17,6 +17,7 @@ from cpkv_core.planning import (
     RequestSpec,
     ScheduledBatch,
     Scheduler,
+    SplitStrategy,
 )
 from phases import Gate, StartupContract, levels_of
 from phases.ids import PHASE_NEEDS, PhaseId, closure_of_needs, parse_phase_list
@@ -37,6 +38,7 @@ class FakePhase:
     id: PhaseId
     refuse: frozenset[int]
     needs: tuple[PhaseId, ...] = ()
+    needs_split: bool = False
     startup_contract: ClassVar[type[StartupContract]] = AnyDeployment
     summary: str = "fake"
 
@@ -71,13 +73,25 @@ def texts(reasons: tuple[Reason, ...]) -> tuple[str, ...]:
     refusals=st.lists(st.frozensets(st.integers(0, 3)), min_size=5, max_size=5),
     ceiling=st.none() | st.integers(0, 5),
     batch=st.integers(0, 3),
+    split_needers=st.frozensets(st.sampled_from(list(PhaseId))),
+    cp_min_tokens=st.sampled_from([0, 16, 17, 1000]),
 )
 def test_gate_respects_needs_and_picks_the_highest_active(
-    enabled: frozenset[PhaseId], refusals: list[frozenset[int]], ceiling: int | None, batch: int
+    enabled: frozenset[PhaseId],
+    refusals: list[frozenset[int]],
+    ceiling: int | None,
+    batch: int,
+    split_needers: frozenset[PhaseId],
+    cp_min_tokens: int,
 ) -> None:
-    registry = {pid: FakePhase(pid, refusals[pid - 1]) for pid in PhaseId}
-    plan = Gate(enabled, DEPLOY, ceiling, registry).decide(make_batch(batch))
+    registry = {
+        pid: FakePhase(pid, refusals[pid - 1], needs_split=pid in split_needers) for pid in PhaseId
+    }
+    deploy = DEPLOY.model_copy(update={"cp_min_tokens": cp_min_tokens})
+    plan = Gate(enabled, deploy, ceiling, registry).decide(make_batch(batch))  # 16 tokens
     active = {d.phase for d in plan.decisions if d.active}
+    unsplit = cp_min_tokens > 16
+    assert (plan.cp_off is not None) == unsplit == (plan.plan.split is SplitStrategy.NONE)
     assert [d.phase for d in plan.decisions] == list(PhaseId)
     for decision in plan.decisions:
         if decision.active:
@@ -85,6 +99,7 @@ def test_gate_respects_needs_and_picks_the_highest_active(
             assert set(closure_of_needs(decision.phase)) <= active
             assert decision.phase in enabled
             assert ceiling is None or decision.phase <= ceiling
+            assert not (unsplit and decision.phase in split_needers)
         else:
             assert decision.reasons, f"phase {decision.phase} inactive without a reason"
     assert plan.phase == max(active, default=0)

@@ -15,7 +15,13 @@ from tests.conftest import DATA
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-BENCH_PNGS = ["bytes-by-batch.png", "gate-time.png", "pd-bytes-by-rank.png", "remap-view-bytes.png"]
+BENCH_PNGS = [
+    "bytes-by-batch.png",
+    "gate-time.png",
+    "pd-bytes-by-rank.png",
+    "remap-view-bytes.png",
+    "cp-off-step-time.png",
+]
 
 
 def _bench_document() -> dict[str, Any]:
@@ -67,6 +73,9 @@ def test_bench_figures_plot_the_bench_json_figures(tmp_path: Path) -> None:
     assert {label: y for label, (_, y) in pd.items()} == {
         f"level {row['level']}": row["bytes_by_rank"] for row in doc["pd"]
     }
+    cp_off = drawn["cp-off-step-time.png"]["CP on / CP off (slowest rank, median)"]
+    sizes = doc["cp_off"]["step_time"]["sizes"]
+    assert cp_off == ([r["tokens"] for r in sizes], [r["ratio_on_to_off"] for r in sizes])
     figures = {p.name: p.figure for p in written.plots}
     gate_line = figures["gate-time"].axes[0].lines[0]
     assert list(gate_line.get_ydata()) == gate[1]  # the artist drew what was recorded

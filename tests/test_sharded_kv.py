@@ -173,6 +173,9 @@ def _valid_plans() -> list[ExecutionPlan]:
             SplitStrategy.PAGE_ALIGNED_ZIGZAG
         ):
             continue
+        # NOTE: the none split (CP off) gathers nothing at the tail, and only it may skip it.
+        if (split is SplitStrategy.NONE) != (output is OutputStrategy.LOCAL_LAST_TOKEN):
+            continue
         plans += [ExecutionPlan(split, write, read, output) for read in reads[write]]
     return plans
 
@@ -209,7 +212,11 @@ def test_run_batch_runs_every_strategy_on_meta_with_no_host_value(plan: Executio
         return shapes
 
     per_rank = run_local(cp_size, body)
-    assert sum(shapes[0][1] for shapes in per_rank) == scheduled[0].num_tokens
+    local_rows = [shapes[0][1] for shapes in per_rank]
+    if plan.computes_every_token:
+        assert local_rows == [scheduled[0].num_tokens] * cp_size
+    else:
+        assert sum(local_rows) == scheduled[0].num_tokens
 
 
 def test_meta_guard_names_an_op_handed_a_host_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -261,19 +268,23 @@ def test_engine_refuses_a_plan_for_another_layout() -> None:
 
 @pytest.mark.gloo
 def test_every_level_matches_reference_on_real_gloo_ranks() -> None:
-    """One 4-rank spawn, smaller CP sizes on subgroups: both splits, three page sizes, and
-    long requests that take phases 4 and 5."""
+    """One 4-rank spawn, smaller CP sizes on subgroups: both splits, three page sizes, long
+    requests that take phases 4 and 5, and CP minimums that leave some batches unsplit."""
     configs = [
-        ("mixed", 4, 16, CpMode.IN_SEQ_SPLIT),
-        ("mixed", 4, 4, CpMode.ROUND_ROBIN_SPLIT),
-        ("mixed", 3, 1, CpMode.ROUND_ROBIN_SPLIT),
-        ("long", 4, 16, CpMode.IN_SEQ_SPLIT),
-        ("long", 2, 4, CpMode.IN_SEQ_SPLIT),
+        ("mixed", 4, 16, CpMode.IN_SEQ_SPLIT, 0),
+        ("mixed", 4, 4, CpMode.ROUND_ROBIN_SPLIT, 0),
+        ("mixed", 3, 1, CpMode.ROUND_ROBIN_SPLIT, 0),
+        ("long", 4, 16, CpMode.IN_SEQ_SPLIT, 0),
+        ("long", 2, 4, CpMode.IN_SEQ_SPLIT, 0),
+        ("long", 4, 16, CpMode.IN_SEQ_SPLIT, 280),
+        ("mixed", 3, 4, CpMode.ROUND_ROBIN_SPLIT, 30),
     ]
     jobs, names = [], []
-    for trace, cp_size, page_size, cp_mode in configs:
+    for trace, cp_size, page_size, cp_mode, cp_min_tokens in configs:
         names.append(trace)
-        deploy = make_deploy(cp_size, page_size, cp_mode)
+        deploy = make_deploy(cp_size, page_size, cp_mode).model_copy(
+            update={"cp_min_tokens": cp_min_tokens}
+        )
         batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
         num_pages = pages_for_trace(batches, page_size, cp_size)
         jobs.append(RankJob(TINY, deploy, batches, levels_of(ALL), num_pages))
@@ -286,3 +297,6 @@ def test_every_level_matches_reference_on_real_gloo_ranks() -> None:
                 assert cmp.topk_equal and cmp.max_abs_diff == 0.0, (job.deploy, cmp)
         if name == "long":
             assert 5 in {s.decision.phase for s in runs[-1].steps}, job.deploy
+        if job.deploy.cp_min_tokens:
+            unsplit = {s.decision.cp_off is not None for s in runs[-1].steps}
+            assert unsplit == {True, False}, job.deploy

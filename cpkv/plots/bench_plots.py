@@ -197,6 +197,35 @@ def plot_pd_bytes(doc: Document) -> Plot | Skip:
     return Plot("pd-bytes-by-rank", title, figure, tuple(series))
 
 
+def plot_cp_off_step_time(doc: Document) -> Plot | Skip:
+    """Step time with CP on over CP off against batch size, with the break-even marked."""
+    figure_doc = doc.get("cp_off", {}).get("step_time")
+    if not figure_doc or not figure_doc.get("sizes"):
+        return Skip("cp-off-step-time", "the bench document has no 'cp_off' step time")
+    rows = figure_doc["sizes"]
+    tokens = tuple(int(r["tokens"]) for r in rows)
+    ratios = tuple(float(r["ratio_on_to_off"]) for r in rows)
+    figure = new_figure(7.0, 4.0)
+    ax = figure.axes[0]
+    label = "CP on / CP off (slowest rank, median)"
+    ax.plot(tokens, ratios, marker="o", color=level_color(figure_doc["level"]), label=label)
+    ax.axhline(1.0, color="black", linestyle=":", label="break-even (equal time)")
+    even = figure_doc.get("break_even_tokens")
+    if even is not None:
+        ax.axvline(even, color="#2ca02c", linestyle="--", label=f"CP on faster from {even}")
+    cp_size = doc["cp_off"].get("cp_size", "?")
+    title = f"Step time, CP on over CP off, by batch size (cp {cp_size}, gloo)"
+    ax.set_title(title)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(tokens, [_tokens(t) for t in tokens])
+    ax.set_xlabel("current tokens in the batch (log scale)")
+    ax.set_ylabel("time with CP on / time with CP off")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return Plot("cp-off-step-time", title, figure, (Series(label, tokens, ratios),))
+
+
 BENCH_FIGURES: tuple[tuple[str, PlotFn], ...] = tuple(
     ("bench", fn)
     for fn in (
@@ -205,6 +234,7 @@ BENCH_FIGURES: tuple[tuple[str, PlotFn], ...] = tuple(
         plot_host_plan_time,
         plot_remap_view_bytes,
         plot_pd_bytes,
+        plot_cp_off_step_time,
     )
 )
 """Every ``cpkv bench --out`` figure, each drawn from ``bench.json``."""

@@ -22,6 +22,8 @@ class SplitStrategy(StrEnum):
     """Token g of the batch to rank g % cp_size."""
     PAGE_ALIGNED_ZIGZAG = "page-aligned-zigzag"
     """Zigzag cut at logical page boundaries: every current page has one compute owner."""
+    NONE = "none"
+    """No split: every rank computes every token (replicated compute, as if CP were off)."""
 
 
 class KvWriteStrategy(StrEnum):
@@ -65,16 +67,32 @@ class OutputStrategy(StrEnum):
     """All-gather every current token's hidden state (``num_tokens x hidden``)."""
     NARROW_LAST_TOKEN = "narrow-last-token"
     """Each rank contributes the last-token states it computed (``cp_size x bs x hidden``)."""
+    LOCAL_LAST_TOKEN = "local-last-token"
+    """Each rank picks every last-token state from its own rows and gathers nothing; only
+    under the ``none`` split, where every rank computed every token."""
 
 
 @dataclass(frozen=True, slots=True)
 class ExecutionPlan:
-    """The strategies a batch runs with."""
+    """The strategies a batch runs with.
+
+    Invariant: the output is ``local-last-token`` exactly when the split is ``none`` (a
+    rank that computed every token gathers nothing at the tail, and a rank that did not
+    cannot skip the gather).
+    """
 
     split: SplitStrategy
     kv_write: KvWriteStrategy
     kv_read: KvReadStrategy
     output: OutputStrategy
+
+    def __post_init__(self) -> None:
+        unsplit = self.split is SplitStrategy.NONE
+        if unsplit != (self.output is OutputStrategy.LOCAL_LAST_TOKEN):
+            raise ValueError(
+                f"output {self.output} does not fit split {self.split}: local-last-token "
+                "requires the none split, and the none split requires local-last-token"
+            )
 
     @property
     def kv_layout(self) -> KvLayout:
@@ -95,3 +113,19 @@ class ExecutionPlan:
             kv_read=KvReadStrategy.LOCAL_POOL,
             output=OutputStrategy.FULL_GATHER,
         )
+
+    @classmethod
+    def unsplit(cls) -> ExecutionPlan:
+        """A batch the gate runs with CP off: no split, replicated KV, local reads, no
+        tail gather. Phases 2 and 3 may still change the write and the read."""
+        return cls(
+            split=SplitStrategy.NONE,
+            kv_write=KvWriteStrategy.REPLICATED,
+            kv_read=KvReadStrategy.LOCAL_POOL,
+            output=OutputStrategy.LOCAL_LAST_TOKEN,
+        )
+
+    @property
+    def computes_every_token(self) -> bool:
+        """Every rank computes every token of the batch (the ``none`` split)."""
+        return self.split is SplitStrategy.NONE

@@ -72,8 +72,9 @@ class HostPlan:
     max_local: int
     """Rows per rank in the padded all-gather of the current chunk."""
     local_start: int
-    """Offset of this rank's tokens among every rank's, rank-major."""
+    """Offset of this rank's tokens among the packed segments' tokens, rank-major."""
     num_segments: int
+    """Segments packed: every rank's, or under the ``none`` split this rank's one."""
     attended: tuple[AttendedRequest, ...]
     num_keys: int
     num_written: int
@@ -88,8 +89,20 @@ class HostPlan:
 
     @property
     def write_from_local(self) -> bool:
-        """The write reads this rank's own rows, not the gathered chunk."""
-        return self.strategies.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT
+        """The write reads this rank's own rows, not the gathered chunk: a direct write, or
+        the ``none`` split (whose local rows are the whole chunk in batch order)."""
+        return (
+            self.strategies.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT
+            or self.strategies.computes_every_token
+        )
+
+    @property
+    def gathers_current(self) -> bool:
+        """The run step all-gathers the current chunk: a split batch whose write or read
+        needs every rank's rows. Under the ``none`` split every rank already holds them."""
+        if self.strategies.computes_every_token:
+            return False
+        return not self.write_from_local or self.key_source is KeySource.CURRENT
 
     def table(self, name: str) -> IntArray:
         """The host copy of one table (tests and debug checks)."""
@@ -167,6 +180,11 @@ def _write_runs(
     )
     src0 = g0
     if plan.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT:
+        if segs.replicated:
+            raise RuntimeError(
+                f"batch {batch.batch}: a direct write under the none split, indicates a bug in "
+                "the gate (phase 5 needs a split)"
+            )
         ranks, src0 = segs.rank_of_tokens(g0)
         local = int(segs.num_local[rank])
         if not (ranks == rank).all() or int(count.sum()) != local:
@@ -205,6 +223,18 @@ def _read(
     return KeySource.VIEW, view, view.entry_rows, send
 
 
+def _last_tokens(
+    segs: SplitSegments, rank: int, last_tokens: IntArray
+) -> tuple[IntArray, IntArray, IntArray]:
+    """``(rank of each last token, local row of each, requests whose last token is
+    local)``. Under the none split this rank holds every last token at its batch row."""
+    if segs.replicated:
+        bs = len(last_tokens)
+        return np.full(bs, rank, np.int64), last_tokens, np.arange(bs, dtype=np.int64)
+    last_ranks, last_rows = segs.rank_of_tokens(last_tokens)
+    return last_ranks, last_rows, np.flatnonzero(last_ranks == rank)
+
+
 def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> HostPlan:
     """The ``HostPlan`` of ``batch`` on ``rank`` under ``plan``'s strategies."""
     cp = batch.cp_size
@@ -216,8 +246,10 @@ def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> Ho
     table_cu = np.concatenate([[0], np.cumsum([len(t) for t in tables])]).astype(np.int64)
     segs = build_segments(plan.split, batch.extend_lens, batch.prefix_lens, cp, batch.page_size)
     num_local = segs.num_local
-    lo, hi = np.searchsorted(segs.rank, [rank, rank + 1])
-    row_bounds = _rows_before(segs, int(lo), int(hi), cu_extend)
+    lo, hi = (int(i) for i in np.searchsorted(segs.rank, [rank, rank + 1]))
+    # NOTE: under the none split every rank's segment is the same; pack only this rank's.
+    packed = slice(lo, hi) if segs.replicated else slice(0, len(segs.rank))
+    row_bounds = _rows_before(segs, lo, hi, cu_extend)
     attended_index = np.flatnonzero(row_bounds[1:] > row_bounds[:-1])
     seq = prefix + extend
     key_cu = np.concatenate([[0], np.cumsum(seq[attended_index])]).astype(np.int64)
@@ -228,19 +260,18 @@ def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> Ho
     source, view, key_base, send_pages = _read(batch, plan, rank, flat)
     writes = _write_runs(batch, plan, rank, _current_pages(batch, cu_extend, flat, table_cu), segs)
     last_tokens = cu_extend[1:] - 1
-    last_ranks, last_rows = segs.rank_of_tokens(last_tokens)
-    local_last = np.flatnonzero(last_ranks == rank)
+    last_ranks, last_rows, local_last = _last_tokens(segs, rank, last_tokens)
     buffer, fields = _pack(
         {
             "cu_extend": cu_extend,
             "prefix_lens": prefix,
             "rid_keys": np.asarray([r.rid_key for r in batch.requests], np.int64),
-            "seg_rank": segs.rank,
-            "seg_g0": segs.g0,
-            "seg_count": segs.count,
-            "seg_stride": segs.stride,
-            "seg_row0": segs.row0,
-            "seg_first": np.cumsum(segs.count) - segs.count,
+            "seg_rank": segs.rank[packed],
+            "seg_g0": segs.g0[packed],
+            "seg_count": segs.count[packed],
+            "seg_stride": segs.stride[packed],
+            "seg_row0": segs.row0[packed],
+            "seg_first": np.cumsum(segs.count[packed]) - segs.count[packed],
             "table_cu": table_cu,
             "key_base": key_base,
             "att_req": attended_index,
@@ -264,8 +295,8 @@ def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> Ho
         num_tokens=segs.num_tokens,
         num_local=int(num_local[rank]),
         max_local=int(num_local.max(initial=0)),
-        local_start=int(num_local[:rank].sum()),
-        num_segments=len(segs.rank),
+        local_start=0 if segs.replicated else int(num_local[:rank].sum()),
+        num_segments=len(segs.rank[packed]),
         attended=attended,
         num_keys=int(key_cu[-1]),
         num_written=int(writes["write_count"].sum()),

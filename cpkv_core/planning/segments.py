@@ -5,7 +5,8 @@ oracle the tests hold these to). Here the same splits are built per segment with
 integer ops, O(requests * cp_size) whatever the token counts, so a host plan never loops
 over tokens. A segment is ``count`` batch tokens ``g0, g0 + stride, ...`` computed by one
 rank: zigzag blocks have stride 1, a rank's round-robin tokens one segment of stride
-``cp_size``.
+``cp_size``. The ``none`` split (CP off for the batch) gives every rank one segment of every
+token.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ IntArray = npt.NDArray[np.int64]
 class SplitSegments:
     """Every rank's segments, rank-major; within a rank in ascending token order.
 
-    Invariant: the segments cover every batch token exactly once; ``row0`` is the rank's
-    local row of a segment's first token, so a rank's local rows ascend with its tokens.
+    Invariant: the segments cover every batch token exactly once, or, when ``replicated``
+    (the ``none`` split), every rank holds one segment covering every token; ``row0`` is the
+    rank's local row of a segment's first token, so a rank's local rows ascend with its
+    tokens.
     """
 
     cp_size: int
@@ -39,6 +42,8 @@ class SplitSegments:
     stride: IntArray
     row0: IntArray
     page_aligned: bool
+    replicated: bool = False
+    """Every rank computes every token (the ``none`` split): local row ``g`` is token ``g``."""
 
     @property
     def num_local(self) -> IntArray:
@@ -46,7 +51,16 @@ class SplitSegments:
         return np.bincount(self.rank, weights=self.count, minlength=self.cp_size).astype(np.int64)
 
     def rank_of_tokens(self, tokens: IntArray) -> tuple[IntArray, IntArray]:
-        """``(rank, local row)`` of each batch token in ``tokens``."""
+        """``(rank, local row)`` of each batch token in ``tokens``.
+
+        Raises:
+            RuntimeError: the split is replicated: every rank computes every token.
+        """
+        if self.replicated:
+            raise RuntimeError(
+                "the none split computes every token on every rank: no token has one rank, "
+                "indicates a bug in the caller"
+            )
         if not len(tokens):
             return tokens.copy(), tokens.copy()
         if int(self.stride.max(initial=1)) > 1:
@@ -131,6 +145,15 @@ def _round_robin(num_tokens: int, cp_size: int) -> SplitSegments:
     return _with_rows(cp_size, num_tokens, ranks, ranks.copy(), count, stride, None)
 
 
+def _unsplit(num_tokens: int, cp_size: int) -> SplitSegments:
+    ranks = np.arange(cp_size, dtype=np.int64)
+    zeros = np.zeros(cp_size, np.int64)
+    count = np.full(cp_size, num_tokens, np.int64)
+    return SplitSegments(
+        cp_size, num_tokens, ranks, zeros, count, np.ones_like(zeros), zeros.copy(), False, True
+    )
+
+
 def build_segments(
     strategy: SplitStrategy,
     extend_lens: Sequence[int],
@@ -146,5 +169,7 @@ def build_segments(
     prefix = np.asarray(prefix_lens, dtype=np.int64)
     if strategy is SplitStrategy.ROUND_ROBIN:
         return _round_robin(int(extend.sum()), cp_size)
+    if strategy is SplitStrategy.NONE:
+        return _unsplit(int(extend.sum()), cp_size)
     aligned = strategy is SplitStrategy.PAGE_ALIGNED_ZIGZAG
     return _zigzag(extend, prefix, cp_size, page_size if aligned else None)

@@ -2,9 +2,10 @@
 
 Per batch: the host plan (``planning.build_host_plan``, O(pages + requests)), one copy of
 its tables to the device and their expansion there (``device_plan``), then the run step
-(``run_step``): per layer local projections, all-gather of the current KV and index K, the
-KV write, the KV read with top-k and sparse attention for local queries; then the tail
-collects hidden states and every rank computes the last-token outputs. The run step reads
+(``run_step``): per layer local projections, all-gather of the current KV and index K (none
+under the ``none`` split, where every rank computes every token), the KV write, the KV read
+with top-k and sparse attention for local queries; then the tail collects hidden states and
+every rank computes the last-token outputs. The run step reads
 no device value on the host, so it runs on CPU, CUDA and ``meta`` alike.
 """
 
@@ -23,7 +24,6 @@ from cpkv_core.dist.comm import Communicator
 from cpkv_core.planning import (
     ExecutionPlan,
     HostPlan,
-    KeySource,
     KvLayout,
     OutputStrategy,
     ScheduledBatch,
@@ -143,15 +143,16 @@ class CPEngine:
         checks only."""
         hidden = embed(self.weights, tensors.local_token_ids, tensors.local_positions)
         topk_per_layer = []
-        needs_current = (
-            not host.write_from_local
-            or host.key_source is KeySource.CURRENT
-            or self.debug is not None
+        # NOTE: the debug checks compare a view with the gathered chunk; under the none split
+        # the local rows are that chunk already.
+        needs_current = host.gathers_current or (
+            self.debug is not None and not host.strategies.computes_every_token
         )
         for layer_index, layer in enumerate(self.weights.layers):
             proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
             own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
-            # NOTE: without a gather only the direct write reads rows, and it reads ``own``.
+            # NOTE: without a gather the write and the read use ``own``: a direct write's
+            # rows, or under the none split the whole chunk in batch order.
             current = self._gather_current(own, host, tensors) if needs_current else own
             source = own if host.write_from_local else current
             write_rows(self.pool, layer_index, source, tensors.write_source, tensors.write_dest)
@@ -271,7 +272,20 @@ def collect_narrow_last_token(
     return gathered.flatten(0, 1).index_select(0, rows)
 
 
+def collect_local_last_token(
+    engine: CPEngine, hidden: Tensor, host: HostPlan, tensors: BatchTensors
+) -> Tensor:
+    """The none split: this rank computed every token, so it picks each request's last-token
+    state from its own rows and gathers nothing.
+
+    Returns:
+        ``[bs, hidden]`` last-token hidden states, identical on every rank.
+    """
+    return hidden.index_select(0, tensors.last_token_indices)
+
+
 COLLECTORS: dict[OutputStrategy, Callable[[CPEngine, Tensor, HostPlan, BatchTensors], Tensor]] = {
     OutputStrategy.FULL_GATHER: collect_full_gather,
     OutputStrategy.NARROW_LAST_TOKEN: collect_narrow_last_token,
+    OutputStrategy.LOCAL_LAST_TOKEN: collect_local_last_token,
 }
