@@ -40,7 +40,7 @@ from cpkv_core.planning import (
     Scheduler,
     pages_for_trace,
 )
-from cpkv_core.runtime import OUTPUT_ATOL, ReferenceModel
+from cpkv_core.runtime import OUTPUT_ATOL, ReferenceModel, max_abs_diff
 from phases import PhaseId
 
 
@@ -218,9 +218,7 @@ def _check(got: RequestReport | None, want: ReferenceRequest) -> tuple[bool, flo
         for a, b in zip(rows, ref, strict=True)
     )
     hidden, logits = _load(got.decode)
-    diff = max(
-        float((hidden - want.decode[0]).abs().max()), float((logits - want.decode[1]).abs().max())
-    )
+    diff = max(max_abs_diff(hidden, want.decode[0]), max_abs_diff(logits, want.decode[1]))
     return kv_equal, diff
 
 

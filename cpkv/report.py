@@ -84,15 +84,15 @@ def render_bench(console: Console, report: BenchReport) -> None:
     tail = Table(title="phase 1: tail bytes gathered per rank, one batch (tiny model)")
     for name in ("cp_size", "mode", "bs", "tokens", "full gather", "narrow", "narrow/full"):
         tail.add_column(name, justify="right")
-    for row in report.tail_bytes:
+    for tail_row in report.tail_bytes:
         tail.add_row(
-            str(row.cp_size),
-            row.cp_mode,
-            str(row.bs),
-            str(row.tokens),
-            str(row.full_gather_bytes),
-            str(row.narrow_bytes),
-            f"{row.ratio:.4f}",
+            str(tail_row.cp_size),
+            tail_row.cp_mode,
+            str(tail_row.bs),
+            str(tail_row.tokens),
+            str(tail_row.full_gather_bytes),
+            str(tail_row.narrow_bytes),
+            f"{tail_row.ratio:.4f}",
         )
     console.print(tail)
     share = Table(title="phase 2: persistent KV per rank after the trace")

@@ -84,6 +84,7 @@ class VerifyReport:
                     "max_abs_diff": row.comparison.max_abs_diff,
                     "topk_equal": row.comparison.topk_equal,
                     "topk_mismatches": row.comparison.topk_mismatches,
+                    "nonfinite": row.comparison.nonfinite,
                     "gathered_bytes_by_rank": list(row.gathered_bytes_by_rank),
                     "gathered_bytes_by_tag": dict(row.gathered_bytes_by_tag),
                     **plan_to_json(row.batch_plan),

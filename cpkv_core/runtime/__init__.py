@@ -16,6 +16,7 @@ from cpkv_core.runtime.outputs import (
     RankBatchOutput,
     RequestOutput,
     compare_batch,
+    max_abs_diff,
     merge_rank_outputs,
 )
 from cpkv_core.runtime.reference import ReferenceModel
@@ -39,6 +40,7 @@ __all__ = [
     "kv_bytes_per_page",
     "kv_bytes_per_token",
     "materialize",
+    "max_abs_diff",
     "merge_rank_outputs",
     "upload",
 ]
