@@ -302,11 +302,12 @@ def demo(
     non-CP decode process over Mooncake. With --device meta, a dry run of every level instead."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=page_size)
+        flags = resolve_flags().flags  # NOTE: the debug checks come from the environment
         trace = demo_trace(page_size)
         check_device(device)
     if device is Device.META:
         _dry_run_exit(deploy, trace, as_json)
-    settings = RunSettings(deploy, frozenset(REGISTERED_PHASES), None, False)
+    settings = RunSettings(deploy, frozenset(REGISTERED_PHASES), None, flags.debug_cp_shared_kv)
     if not as_json:
         tokens = sum(b.num_tokens for b in trace.batches)
         out.print(
@@ -331,7 +332,14 @@ def _pd_job(trace: Trace, settings: RunSettings) -> PdJob:
     level = levels_of(settings.enabled)[-1]
     if settings.ceiling is not None:
         level = min(level, settings.ceiling)
-    return PdJob(settings.deploy, trace.batches, (level,), settings.enabled, settings.ceiling)
+    return PdJob(
+        settings.deploy,
+        trace.batches,
+        (level,),
+        settings.enabled,
+        settings.ceiling,
+        settings.debug_checks,
+    )
 
 
 def _run_pd(trace: Trace, settings: RunSettings, timeout_s: float, retries: int) -> PdReport:

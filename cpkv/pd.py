@@ -265,6 +265,8 @@ class PdJob:
     levels: tuple[int, ...]
     enabled: frozenset[PhaseId] = frozenset(PhaseId)
     ceiling: int | None = None
+    debug_checks: bool = False
+    """Run the sharded-KV invariant checks on the prefill ranks (they synchronise)."""
 
 
 def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
@@ -306,6 +308,7 @@ def run_pd(
                 pages_for_trace(job.batches, job.deploy.page_size, job.deploy.cp_size),
                 enabled=job.enabled,
                 ceiling=job.ceiling,
+                debug_checks=job.debug_checks,
                 pd=PdTarget(
                     decode.address, decode.authkey, f"j{index}/", retries, faults or PdFaults()
                 ),

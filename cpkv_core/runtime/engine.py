@@ -143,11 +143,7 @@ class CPEngine:
         checks only."""
         hidden = embed(self.weights, tensors.local_token_ids, tensors.local_positions)
         topk_per_layer = []
-        needs_current = (
-            not host.write_from_local
-            or host.key_source is KeySource.CURRENT
-            or self.debug is not None
-        )
+        needs_current = not host.write_from_local or host.key_source is KeySource.CURRENT
         for layer_index, layer in enumerate(self.weights.layers):
             proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
             own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
@@ -159,7 +155,7 @@ class CPEngine:
                 self.comm, self.pool, layer_index, host.key_source, tensors.send_rows, current
             )
             if self.debug is not None and batch is not None:
-                self.debug.check_layer(batch, host, tensors, current, keys)
+                self.debug.check_layer(batch, host, tensors, keys, layer_index)
             attn, topk = attend_local(self.cfg, proj, host, tensors, keys)
             topk_per_layer.append(topk)
             hidden = finish_layer(layer, hidden, attn)
