@@ -28,6 +28,7 @@ from cpkv_core.planning import BatchSpec, ScheduledBatch
 from cpkv_core.runtime import (
     BatchOutput,
     CPEngine,
+    Fault,
     RankBatchOutput,
     ReferenceModel,
     merge_rank_outputs,
@@ -63,6 +64,11 @@ class RankJob:
     """After each level's trace, send every request to this decode server (PD)."""
     device: str = "cpu"
     """Where weights, pools and run-step tensors live."""
+    shadow_rate: float = 0.0
+    """Share of batches (0..1) shadow-verified, drawn from the batch index and the seed."""
+    shadow_seed: int = 0
+    fault: Fault | None = None
+    """A game-day fault injected into the candidate path it targets (``--inject-fault``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +124,11 @@ def _run_level(
     notify: Callable[[BatchProgress], None] | None,
 ) -> RankRun:
     enabled = level_enabled(job.levels[run], job.enabled)
-    loop = HostLoop(job.deploy, enabled, job.num_pages, job.ceiling) if comm.rank == 0 else None
+    loop = (
+        HostLoop(job.deploy, enabled, job.num_pages, job.ceiling, job.shadow_rate, job.shadow_seed)
+        if comm.rank == 0
+        else None
+    )
     engine: CPEngine | None = None
     outputs, steps = [], []
     for batch in job.batches:
@@ -134,10 +144,15 @@ def _run_level(
                 kv_layout=step.decision.plan.kv_layout,
                 debug_checks=job.debug_checks,
                 device=job.device,
+                fault=job.fault,
             )
         with torch.no_grad():
-            outputs.append(_to_host(engine.run_batch(step.scheduled, step.decision.plan)))
+            out = engine.run_batch(step.scheduled, step.decision.plan, step.shadow)
+        outputs.append(_to_host(out))
         if loop is not None:
+            # NOTE: every rank reached the same verdict; rank 0's gate acts on it before
+            # the next batch is decided.
+            loop.report(batch.batch, out.shadow)
             steps.append(step)
             if notify is not None:
                 notify(BatchProgress(run, batch.batch))

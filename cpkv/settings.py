@@ -15,6 +15,7 @@ VALUE_PROBLEMS = frozenset(
         ProblemCode.PAGE_SIZE_BELOW_ONE,
         ProblemCode.DECODE_CP_SIZE_BELOW_ONE,
         ProblemCode.MAX_PHASE_OUT_OF_RANGE,
+        ProblemCode.SHADOW_RATE_OUT_OF_RANGE,
     }
 )
 """Problems that make a run meaningless; combination problems are the gate's to report."""
@@ -28,6 +29,8 @@ class RunSettings:
     enabled: frozenset[PhaseId]
     ceiling: int | None
     debug_checks: bool
+    shadow_rate: float = 0.0
+    """Share of batches shadow-verified (``--shadow-rate``)."""
 
 
 def resolve_run(
@@ -37,6 +40,7 @@ def resolve_run(
     page_size: int | None,
     cp_mode: CpMode | None,
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
+    shadow_rate: float | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
@@ -52,6 +56,8 @@ def resolve_run(
         cli["page_size"] = page_size
     if cp_mode is not None:
         cli["nsa_prefill_cp_mode"] = cp_mode
+    if shadow_rate is not None:
+        cli["shadow_rate"] = shadow_rate
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:
@@ -60,4 +66,6 @@ def resolve_run(
         flags.deployment().model_dump() | {"index_k_dtype": index_k_dtype}
     )
     enabled = parse_phase_list(phases) if phases is not None else flags.enabled_phases()
-    return RunSettings(deploy, enabled, flags.max_phase, flags.debug_cp_shared_kv)
+    return RunSettings(
+        deploy, enabled, flags.max_phase, flags.debug_cp_shared_kv, flags.shadow_rate
+    )

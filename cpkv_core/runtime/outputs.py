@@ -100,6 +100,28 @@ def compare_batch(reference: BatchOutput, candidate: BatchOutput) -> BatchCompar
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowMismatch:
+    """A candidate path that differed from its fallback on a sampled batch."""
+
+    phase: int
+    max_abs_diff: float
+    """Largest difference of what was compared (``inf`` when rows or top-k differ)."""
+    what: str
+    """What differed: ``outputs``, ``rows read`` or ``rows written``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowOutcome:
+    """What the shadow comparison of one sampled batch found (identical on every rank)."""
+
+    compared: tuple[int, ...]
+    """Phases whose candidate path was compared with its fallback."""
+    mismatches: tuple[ShadowMismatch, ...]
+    seconds: float
+    """Wall time of the extra runs and comparisons on this rank."""
+
+
+@dataclass(frozen=True, slots=True)
 class RankBatchOutput:
     """What one rank returns for one batch."""
 
@@ -112,6 +134,7 @@ class RankBatchOutput:
     gathered_bytes: dict[str, int]  # bytes gathered by this rank in this batch, per tag
     kv_bytes: int  # persistent KV bytes in use on this rank after the batch
     seconds: float  # wall time of the batch on this rank, host planning included
+    shadow: ShadowOutcome | None = None  # set on sampled batches only
 
 
 def merge_rank_outputs(batch: BatchSpec, outputs: Sequence[RankBatchOutput]) -> BatchOutput:
