@@ -438,6 +438,43 @@ def pd(
     raise typer.Exit(0 if report.ok else 1)
 
 
+@app.command()
+def fuzz(
+    minutes: Annotated[
+        float, typer.Option("--minutes", min=0.001, help="How long to fuzz, shared by the targets.")
+    ] = 1.0,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Hypothesis seed; default: a fresh one.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fuzz every input cpkv reads (traces, config files, flag values, --from-sglang strings,
+    the forward-batch adapter) with hypothesis. A case passes when it gives a result or a
+    clear error (exit 2 with the line or key named). Exit 0 only when no case failed."""
+    from cpkv.fuzz import run_fuzz  # NOTE: loads hypothesis (the dev extra) only here
+
+    with bad_input_exits():
+        try:
+            report = run_fuzz(minutes * 60.0, seed)
+        except ModuleNotFoundError as exc:
+            raise BadInput(f"cpkv fuzz needs hypothesis (the dev extra): {exc}") from None
+    document = report.to_json()
+
+    def render() -> None:
+        out.print(
+            f"fuzz: {document['cases']:,} cases in {document['seconds']:.1f} s, "
+            f"{document['failures']} failures",
+            highlight=False,
+        )
+        for name, target in document["targets"].items():
+            out.print(f"  {name}: {target['cases']:,} cases, {target['failures']} failures")
+            for example in target["examples"][:3]:
+                out.print(f"    {escape(example)}", highlight=False)
+
+    emit(as_json, document, render)
+    raise typer.Exit(0 if report.ok else 1)
+
+
 def _dry_run_exit(
     deploy: DeploymentConfig, trace: Trace, as_json: bool, settings: RunSettings | None = None
 ) -> None:
