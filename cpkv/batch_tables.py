@@ -35,10 +35,14 @@ def _title(deploy: DeploymentConfig) -> str:
     return f"cp_size={deploy.cp_size} {deploy.cp_mode} page_size={deploy.page_size}"
 
 
-def _check(ok: bool, topk_equal: bool, topk_mismatches: int) -> str:
+def _check(ok: bool, topk_equal: bool, topk_mismatches: int, nonfinite: int = 0) -> str:
     if ok:
         return "yes"
-    return "[red]NO[/red]" + ("" if topk_equal else f" top-k×{topk_mismatches}")
+    return (
+        "[red]NO[/red]"
+        + ("" if topk_equal else f" top-k×{topk_mismatches}")
+        + (f" non-finite×{nonfinite}" if nonfinite else "")
+    )
 
 
 def render_verify_table(console: Console, report: VerifyReport, deploy: DeploymentConfig) -> None:
@@ -61,7 +65,7 @@ def render_verify_table(console: Console, report: VerifyReport, deploy: Deployme
                 short_bytes(max(row.gathered_bytes_by_rank)),
                 short_bytes(max(row.kv_bytes_by_rank)),
                 f"{cmp.max_abs_diff:.3g}",
-                _check(cmp.ok, cmp.topk_equal, cmp.topk_mismatches),
+                _check(cmp.ok, cmp.topk_equal, cmp.topk_mismatches, cmp.nonfinite),
                 compact_reasons(row.batch_plan),
             )
     console.print(table)

@@ -36,9 +36,11 @@ from cpkv.report import (
 )
 from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
+from cpkv.shadow_report import FaultOpt, ShadowRateOpt, parse_fault, shadow_summary
 from cpkv.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
 from cpkv_core.planning import BatchSpec
+from cpkv_core.runtime import Fault
 from cpkv_core.traces import Trace, load_trace
 from flags import debug_benchmark_warning, resolve_flags
 from phases.gate import levels_of
@@ -109,6 +111,7 @@ def _run_verify(
     backend: Backend,
     show_progress: bool,
     device: Device = Device.CPU,
+    fault: Fault | None = None,
 ) -> VerifyReport:
     deploy = settings.deploy
     levels = [
@@ -129,6 +132,8 @@ def _run_verify(
             settings.debug_checks,
             settings.ceiling,
             str(device),
+            settings.shadow_rate,
+            fault,
         )
 
     if not show_progress:
@@ -162,6 +167,8 @@ def verify(
     model_name: ModelOpt = "tiny",
     index_k_dtype: IndexDtypeOpt = IndexKDtype.FP8_E4M3,
     device: DeviceOpt = Device.CPU,
+    shadow_rate: ShadowRateOpt = None,
+    inject_fault: FaultOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run TRACE on CP ranks at every level 0..highest enabled phase and compare every batch
@@ -170,16 +177,35 @@ def verify(
     first op that needed a value or a tensor on another device."""
     with bad_input_exits():
         settings = resolve_run(
-            config, phases, cp_size, page_size, cp_mode, index_k_dtype, cp_min_tokens
+            config,
+            phases,
+            cp_size,
+            page_size,
+            cp_mode,
+            index_k_dtype,
+            cp_min_tokens=cp_min_tokens,
+            shadow_rate=shadow_rate,
         )
+        fault = parse_fault(inject_fault)
         model = _runnable_model(model_name)
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
     if device is Device.META:
         _dry_run_exit(settings.deploy, trace, as_json, settings)
-    report = _run_verify(trace, model, settings, backend, not as_json, device)
-    emit(as_json, report.to_json(), lambda: render_verify_table(out, report, settings.deploy))
+    report = _run_verify(trace, model, settings, backend, not as_json, device, fault)
+
+    def render() -> None:
+        render_verify_table(out, report, settings.deploy)
+        _print_shadow(report)
+
+    emit(as_json, report.to_json(), render)
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _print_shadow(report: VerifyReport) -> None:
+    summary = shadow_summary(report)
+    if summary.rate > 0 or summary.fault is not None:
+        out.print(summary.text(), highlight=False, markup=False)
 
 
 @app.command()
@@ -321,6 +347,8 @@ def demo(
     ),
     backend: BackendOpt = Backend.GLOO,
     device: DeviceOpt = Device.CPU,
+    shadow_rate: ShadowRateOpt = None,
+    inject_fault: FaultOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The main job on built-in defaults: a built-in trace through the gate with every phase
@@ -328,11 +356,18 @@ def demo(
     non-CP decode process over Mooncake. With --device meta, a dry run of every level instead."""
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=page_size)
+        flags = resolve_flags().flags  # NOTE: the debug checks come from the environment
+        rate = flags.shadow_rate if shadow_rate is None else shadow_rate
+        if not 0.0 <= rate <= 1.0:
+            raise BadInput(f"--shadow-rate must be in 0..1, got {rate}")
+        fault = parse_fault(inject_fault)
         trace = demo_trace(page_size)
         check_device(device)
     if device is Device.META:
         _dry_run_exit(deploy, trace, as_json)
-    settings = RunSettings(deploy, frozenset(REGISTERED_PHASES), None, False)
+    settings = RunSettings(
+        deploy, frozenset(REGISTERED_PHASES), None, flags.debug_cp_shared_kv, rate
+    )
     if not as_json:
         tokens = sum(b.num_tokens for b in trace.batches)
         out.print(
@@ -340,29 +375,46 @@ def demo(
             f"cp_size={cp_size} {cp_mode}, page_size={page_size}, backend {backend}, "
             f"phases {','.join(str(int(p)) for p in sorted(settings.enabled))} on"
         )
-    report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json, device)
-    pd_report = _run_pd(trace, settings, timeout_s=30.0, retries=0)
+    report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json, device, fault)
+    pd_report = _run_pd(trace, settings, timeout_s=30.0, retries=0, fault=fault)
     document = report.to_json() | {"pd": pd_report.to_json()}
 
     def render() -> None:
         render_demo(out, report, deploy)
+        _print_shadow(report)
         render_pd(out, pd_report)
 
     emit(as_json, document, render)
     raise typer.Exit(0 if report.ok and pd_report.ok else 1)
 
 
-def _pd_job(trace: Trace, settings: RunSettings) -> PdJob:
+def _pd_job(trace: Trace, settings: RunSettings, fault: Fault | None = None) -> PdJob:
     """The highest enabled level of ``settings`` as a PD job."""
     level = levels_of(settings.enabled)[-1]
     if settings.ceiling is not None:
         level = min(level, settings.ceiling)
-    return PdJob(settings.deploy, trace.batches, (level,), settings.enabled, settings.ceiling)
+    return PdJob(
+        settings.deploy,
+        trace.batches,
+        (level,),
+        settings.enabled,
+        settings.ceiling,
+        settings.debug_checks,
+        settings.shadow_rate,
+        fault,
+    )
 
 
-def _run_pd(trace: Trace, settings: RunSettings, timeout_s: float, retries: int) -> PdReport:
+def _run_pd(
+    trace: Trace,
+    settings: RunSettings,
+    timeout_s: float,
+    retries: int,
+    fault: Fault | None = None,
+) -> PdReport:
     with err.status(f"prefill on {settings.deploy.cp_size} gloo ranks, transfer to decode"):
-        (report,), _ = run_pd(model_preset("tiny"), [_pd_job(trace, settings)], timeout_s, retries)
+        job = _pd_job(trace, settings, fault)
+        (report,), _ = run_pd(model_preset("tiny"), [job], timeout_s, retries)
     return report
 
 
@@ -387,6 +439,8 @@ def pd(
         int, typer.Option("--retries", min=0, help="New attempts after a failed one, per request.")
     ] = 0,
     device: DeviceOpt = Device.CPU,
+    shadow_rate: ShadowRateOpt = None,
+    inject_fault: FaultOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Prefill TRACE on CP ranks at the highest enabled level and send every request to a
@@ -395,8 +449,15 @@ def pd(
     --device meta: a dry run of the prefill."""
     with bad_input_exits():
         settings = resolve_run(
-            config, phases, cp_size, page_size, cp_mode, cp_min_tokens=cp_min_tokens
+            config,
+            phases,
+            cp_size,
+            page_size,
+            cp_mode,
+            cp_min_tokens=cp_min_tokens,
+            shadow_rate=shadow_rate,
         )
+        fault = parse_fault(inject_fault)
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
         if device is Device.CUDA:
@@ -406,8 +467,51 @@ def pd(
             )
     if device is Device.META:
         _dry_run_exit(settings.deploy, trace, as_json, settings)
-    report = _run_pd(trace, settings, timeout, retries)
-    emit(as_json, report.to_json(), lambda: render_pd(out, report))
+    report = _run_pd(trace, settings, timeout, retries, fault)
+
+    def render() -> None:
+        render_pd(out, report)
+        if report.shadow is not None:
+            out.print(report.shadow.text(), highlight=False, markup=False)
+
+    emit(as_json, report.to_json(), render)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def fuzz(
+    minutes: Annotated[
+        float, typer.Option("--minutes", min=0.001, help="How long to fuzz, shared by the targets.")
+    ] = 1.0,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Hypothesis seed; default: a fresh one.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fuzz every input cpkv reads (traces, config files, flag values, --from-sglang strings,
+    the forward-batch adapter) with hypothesis. A case passes when it gives a result or a
+    clear error (exit 2 with the line or key named). Exit 0 only when no case failed."""
+    from cpkv.fuzz import run_fuzz  # NOTE: loads hypothesis (the dev extra) only here
+
+    with bad_input_exits():
+        try:
+            report = run_fuzz(minutes * 60.0, seed)
+        except ModuleNotFoundError as exc:
+            raise BadInput(f"cpkv fuzz needs hypothesis (the dev extra): {exc}") from None
+    document = report.to_json()
+
+    def render() -> None:
+        out.print(
+            f"fuzz: {document['cases']:,} cases in {document['seconds']:.1f} s, "
+            f"{document['failures']} failures",
+            highlight=False,
+        )
+        for name, target in document["targets"].items():
+            out.print(f"  {name}: {target['cases']:,} cases, {target['failures']} failures")
+            for example in target["examples"][:3]:
+                out.print(f"    {escape(example)}", highlight=False)
+
+    emit(as_json, document, render)
     raise typer.Exit(0 if report.ok else 1)
 
 

@@ -8,19 +8,43 @@ before the next batch is decided. ``explain`` drives the same loop without tenso
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from itertools import combinations
 
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec, ScheduledBatch, Scheduler
+from cpkv_core.runtime import ShadowOutcome, ShadowPlan
 from phases import BatchPlan, Gate, PhaseId
+
+SHADOWED = (
+    PhaseId.COMPUTE_OWNER_WRITE,
+    PhaseId.PAGE_ALIGNED_SPLIT,
+    PhaseId.CURRENT_REUSE,
+    PhaseId.NARROW_OUTPUT,
+)
+"""Phases a shadow comparison checks, highest first (phase 2 changes KV at rest: its
+fallback cannot run on the same pools)."""
+
+
+def sampled(batch: int, rate: float, seed: int) -> bool:
+    """Whether batch ``batch`` is shadowed: a deterministic draw from (seed, batch)."""
+    if rate <= 0.0:
+        return False
+    if rate >= 1.0:
+        return True
+    digest = hashlib.blake2b(f"{seed}:{batch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < rate * 2**64
 
 
 @dataclass(frozen=True, slots=True)
 class LoopStep:
-    """One batch as the loop committed it: what was scheduled and what the gate decided."""
+    """One batch as the loop committed it: what was scheduled, what the gate decided and,
+    when sampled, what the shadow comparison checks."""
 
     scheduled: ScheduledBatch
     decision: BatchPlan
+    shadow: ShadowPlan | None = None
 
 
 class HostLoop:
@@ -32,12 +56,30 @@ class HostLoop:
         enabled: frozenset[PhaseId],
         num_pages: int,
         ceiling: int | None = None,
+        shadow_rate: float = 0.0,
+        shadow_seed: int = 0,
     ) -> None:
         self.gate = Gate(enabled, deploy, ceiling)
         self.scheduler = Scheduler(num_pages, deploy.page_size, deploy.cp_size)
+        self.shadow_rate, self.shadow_seed = shadow_rate, shadow_seed
 
     def step(self, batch: BatchSpec) -> LoopStep:
-        """Schedules ``batch`` (allocating by compute owner when phase 5 may take it) and
-        has the gate decide it."""
+        """Schedules ``batch`` (allocating by compute owner when phase 5 may take it), has
+        the gate decide it and, when sampled, plans its shadow comparison."""
         scheduled = self.scheduler.schedule(batch, self.gate.owner_policy())
-        return LoopStep(scheduled, self.gate.decide(scheduled))
+        decision = self.gate.decide(scheduled)
+        if not sampled(scheduled.batch, self.shadow_rate, self.shadow_seed):
+            return LoopStep(scheduled, decision)
+        phases = tuple(p for p in SHADOWED if decision.decisions[p - 1].active)
+        plans = {
+            frozenset(int(p) for p in off): self.gate.decide(scheduled, frozenset(off)).plan
+            for size in range(len(phases) + 1)
+            for off in combinations(phases, size)
+        }
+        return LoopStep(scheduled, decision, ShadowPlan(tuple(map(int, phases)), plans))
+
+    def report(self, batch: int, outcome: ShadowOutcome | None) -> None:
+        """Trips the kill switch of every phase the batch's shadow comparison caught."""
+        for miss in outcome.mismatches if outcome is not None else ():
+            diff = "inf" if miss.max_abs_diff == float("inf") else f"{miss.max_abs_diff:.3g}"
+            self.gate.kill(PhaseId(miss.phase), (("batch", batch), ("max_diff", diff)))

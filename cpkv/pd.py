@@ -23,6 +23,7 @@ from cpkv.runner import (
     request_order,
     run_jobs_on_gloo,
 )
+from cpkv.shadow_report import ShadowSummary, fault_phase, run_entries, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.pd import (
     PdFaults,
@@ -40,7 +41,7 @@ from cpkv_core.planning import (
     Scheduler,
     pages_for_trace,
 )
-from cpkv_core.runtime import OUTPUT_ATOL, ReferenceModel
+from cpkv_core.runtime import OUTPUT_ATOL, Fault, ReferenceModel, max_abs_diff
 from phases import PhaseId
 
 
@@ -141,6 +142,8 @@ class PdReport:
     cp_size: int
     requests: tuple[PdRequestResult, ...]
     errors: tuple[str, ...] = field(default=())
+    shadow: ShadowSummary | None = None
+    """The prefill's shadow comparisons, when a shadow rate or a fault was set."""
 
     @property
     def ok(self) -> bool:
@@ -153,6 +156,7 @@ class PdReport:
             "ok": self.ok,
             "cp_size": self.cp_size,
             "errors": list(self.errors),
+            **({"shadow": self.shadow.to_json()} if self.shadow is not None else {}),
             "requests": [
                 {
                     "rid": r.rid,
@@ -218,9 +222,7 @@ def _check(got: RequestReport | None, want: ReferenceRequest) -> tuple[bool, flo
         for a, b in zip(rows, ref, strict=True)
     )
     hidden, logits = _load(got.decode)
-    diff = max(
-        float((hidden - want.decode[0]).abs().max()), float((logits - want.decode[1]).abs().max())
-    )
+    diff = max(max_abs_diff(hidden, want.decode[0]), max_abs_diff(logits, want.decode[1]))
     return kv_equal, diff
 
 
@@ -267,6 +269,12 @@ class PdJob:
     levels: tuple[int, ...]
     enabled: frozenset[PhaseId] = frozenset(PhaseId)
     ceiling: int | None = None
+    debug_checks: bool = False
+    """Run the sharded-KV invariant checks on the prefill ranks (they synchronise)."""
+    shadow_rate: float = 0.0
+    """Share of prefill batches shadow-verified."""
+    fault: Fault | None = None
+    """A game-day fault injected into the prefill's candidate path."""
 
 
 def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
@@ -308,6 +316,9 @@ def run_pd(
                 pages_for_trace(job.batches, job.deploy.page_size, job.deploy.cp_size),
                 enabled=job.enabled,
                 ceiling=job.ceiling,
+                debug_checks=job.debug_checks,
+                shadow_rate=job.shadow_rate,
+                fault=job.fault,
                 pd=PdTarget(
                     decode.address, decode.authkey, f"j{index}/", retries, faults or PdFaults()
                 ),
@@ -326,5 +337,13 @@ def run_pd(
     for index, (job, job_runs) in enumerate(zip(jobs, runs, strict=True)):
         reference = reference_requests(model, job.deploy, job.batches)
         results = pd_results(job.levels, job_runs, reference, decode_report, f"j{index}/")
-        reports.append(PdReport(job.deploy.cp_size, tuple(results), errors))
+        shadow = None
+        if job.shadow_rate > 0 or job.fault is not None:
+            entries = [
+                e for lv, r in zip(job.levels, job_runs, strict=True) for e in run_entries(lv, r)
+            ]
+            fault = None if job.fault is None else f"{fault_phase(job.fault)}:{job.fault.kind}"
+            wrong = sum(not r.ok for r in results)
+            shadow = summarize(job.shadow_rate, fault, entries, wrong)
+        reports.append(PdReport(job.deploy.cp_size, tuple(results), errors, shadow))
     return reports, runs

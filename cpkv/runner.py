@@ -7,6 +7,7 @@ each step; every rank then plans and runs it. Nothing is planned ahead for the t
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -28,6 +29,7 @@ from cpkv_core.planning import BatchSpec, ScheduledBatch
 from cpkv_core.runtime import (
     BatchOutput,
     CPEngine,
+    Fault,
     RankBatchOutput,
     ReferenceModel,
     merge_rank_outputs,
@@ -42,6 +44,20 @@ class Backend(StrEnum):
     """One process per rank, a real torch.distributed gloo group."""
     LOCAL = "local"
     """One thread per rank in this process, through the same communication interface."""
+
+
+class RankFault(RuntimeError):
+    """A rank failed inside a batch: names the rank, the level and the batch.
+
+    The other ranks stop at their next collective (the group is aborted or torn down);
+    the batch did not commit on this rank.
+    """
+
+    def __init__(self, rank: int, level: int, batch: int, cause: BaseException) -> None:
+        super().__init__(
+            f"rank {rank} failed in batch {batch} (level {level}): {type(cause).__name__}: {cause}"
+        )
+        self.rank, self.level, self.batch = rank, level, batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +79,14 @@ class RankJob:
     """After each level's trace, send every request to this decode server (PD)."""
     device: str = "cpu"
     """Where weights, pools and run-step tensors live."""
+    shadow_rate: float = 0.0
+    """Share of batches (0..1) shadow-verified, drawn from the batch index and the seed."""
+    shadow_seed: int = 0
+    fault: Fault | None = None
+    """A game-day fault injected into the candidate path it targets (``--inject-fault``)."""
+    exit_at: tuple[int, int] | None = None
+    """Game day for rank faults: ``(rank, batch)`` exits abruptly (no cleanup) before
+    running that batch, as a killed process would."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +142,11 @@ def _run_level(
     notify: Callable[[BatchProgress], None] | None,
 ) -> RankRun:
     enabled = level_enabled(job.levels[run], job.enabled)
-    loop = HostLoop(job.deploy, enabled, job.num_pages, job.ceiling) if comm.rank == 0 else None
+    loop = (
+        HostLoop(job.deploy, enabled, job.num_pages, job.ceiling, job.shadow_rate, job.shadow_seed)
+        if comm.rank == 0
+        else None
+    )
     engine: CPEngine | None = None
     outputs, steps = [], []
     for batch in job.batches:
@@ -134,10 +162,20 @@ def _run_level(
                 kv_layout=step.decision.plan.kv_layout,
                 debug_checks=job.debug_checks,
                 device=job.device,
+                fault=job.fault,
             )
-        with torch.no_grad():
-            outputs.append(_to_host(engine.run_batch(step.scheduled, step.decision.plan)))
+        if job.exit_at == (comm.rank, batch.batch):
+            os._exit(17)
+        try:
+            with torch.no_grad():
+                out = engine.run_batch(step.scheduled, step.decision.plan, step.shadow)
+        except Exception as exc:
+            raise RankFault(comm.rank, job.levels[run], batch.batch, exc) from exc
+        outputs.append(_to_host(out))
         if loop is not None:
+            # NOTE: every rank reached the same verdict; rank 0's gate acts on it before
+            # the next batch is decided.
+            loop.report(batch.batch, out.shadow)
             steps.append(step)
             if notify is not None:
                 notify(BatchProgress(run, batch.batch))
@@ -200,15 +238,25 @@ def run_jobs_on_gloo(
     """Runs every job in ONE spawned gloo group sized for the largest job; smaller jobs run
     on subgroups. Returns each job's level runs."""
 
+    last: list[BatchProgress] = []
+
     def forward(event: object) -> None:
-        if on_progress is not None and isinstance(event, ProgressEvent):
+        if isinstance(event, ProgressEvent):
             assert isinstance(event.message, BatchProgress), event
-            on_progress(event.message)
+            last[:] = [event.message]
+            if on_progress is not None:
+                on_progress(event.message)
 
     world_size = max(job.deploy.cp_size for job in jobs)
-    per_rank = spawn_group(
-        world_size, run_jobs_rank, (tuple(jobs),), timeout_s=timeout_s, on_progress=forward
-    )
+    try:
+        per_rank = spawn_group(
+            world_size, run_jobs_rank, (tuple(jobs),), timeout_s=timeout_s, on_progress=forward
+        )
+    except RuntimeError as exc:
+        # NOTE: a rank that died or stalled reports nothing; the batch after the last one
+        # rank 0 finished is the one it was in.
+        done = f"after run {last[0].run} batch {last[0].batch}" if last else "before any batch"
+        raise RuntimeError(f"{exc}\n(the group stopped {done} had finished)") from exc
     runs = []
     for index, job in enumerate(jobs):
         pieces = [per_rank[rank][index] for rank in range(job.deploy.cp_size)]

@@ -16,6 +16,7 @@ VALUE_PROBLEMS = frozenset(
         ProblemCode.DECODE_CP_SIZE_BELOW_ONE,
         ProblemCode.MAX_PHASE_OUT_OF_RANGE,
         ProblemCode.CP_MIN_TOKENS_BELOW_ZERO,
+        ProblemCode.SHADOW_RATE_OUT_OF_RANGE,
     }
 )
 """Problems that make a run meaningless; combination problems are the gate's to report."""
@@ -29,6 +30,8 @@ class RunSettings:
     enabled: frozenset[PhaseId]
     ceiling: int | None
     debug_checks: bool
+    shadow_rate: float = 0.0
+    """Share of batches shadow-verified (``--shadow-rate``)."""
 
 
 def resolve_run(
@@ -39,6 +42,7 @@ def resolve_run(
     cp_mode: CpMode | None,
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
     cp_min_tokens: int | None = None,
+    shadow_rate: float | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
@@ -57,6 +61,8 @@ def resolve_run(
         cli["nsa_prefill_cp_mode"] = cp_mode
     if cp_min_tokens is not None:
         cli["nsa_prefill_cp_min_tokens"] = cp_min_tokens
+    if shadow_rate is not None:
+        cli["shadow_rate"] = shadow_rate
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:
@@ -65,4 +71,6 @@ def resolve_run(
         flags.deployment().model_dump() | {"index_k_dtype": index_k_dtype}
     )
     enabled = parse_phase_list(phases) if phases is not None else flags.enabled_phases()
-    return RunSettings(deploy, enabled, flags.max_phase, flags.debug_cp_shared_kv)
+    return RunSettings(
+        deploy, enabled, flags.max_phase, flags.debug_cp_shared_kv, flags.shadow_rate
+    )

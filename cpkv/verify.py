@@ -15,9 +15,18 @@ from cpkv.runner import (
     run_levels,
     run_reference,
 )
+from cpkv.shadow_report import fault_phase, shadow_summary
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec, pages_for_trace
-from cpkv_core.runtime import OUTPUT_ATOL, BatchComparison, BatchOutput, compare_batch
+from cpkv_core.runtime import (
+    OUTPUT_ATOL,
+    SHADOW_TAG,
+    BatchComparison,
+    BatchOutput,
+    Fault,
+    ShadowOutcome,
+    compare_batch,
+)
 from phases import BatchPlan, PhaseId
 
 
@@ -35,6 +44,10 @@ class BatchRow:
     """Rank 0's gathered bytes per collective tag."""
     kv_bytes_by_rank: tuple[int, ...]
     comparison: BatchComparison
+    shadow: ShadowOutcome | None = None
+    """The shadow comparison of a sampled batch (rank 0's; every rank agrees)."""
+    shadow_bytes: int = 0
+    """Rank 0's gathered bytes of the shadow runs and verdict (``SHADOW_TAG``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +73,9 @@ class VerifyReport:
     """The verdict of a verify run."""
 
     levels: tuple[LevelReport, ...]
+    shadow_rate: float = 0.0
+    fault: str | None = None
+    """The injected fault, ``PHASE:KIND``, if any."""
 
     @property
     def ok(self) -> bool:
@@ -75,6 +91,7 @@ class VerifyReport:
                 {"level": lv.level, "ok": lv.ok, "max_abs_diff": lv.max_abs_diff}
                 for lv in self.levels
             ],
+            "shadow": shadow_summary(self).to_json(),
             "batches": [
                 {
                     "level": row.level,
@@ -84,6 +101,7 @@ class VerifyReport:
                     "max_abs_diff": row.comparison.max_abs_diff,
                     "topk_equal": row.comparison.topk_equal,
                     "topk_mismatches": row.comparison.topk_mismatches,
+                    "nonfinite": row.comparison.nonfinite,
                     "gathered_bytes_by_rank": list(row.gathered_bytes_by_rank),
                     "gathered_bytes_by_tag": dict(row.gathered_bytes_by_tag),
                     **plan_to_json(row.batch_plan),
@@ -106,10 +124,15 @@ def _level_report(level: int, run: LevelRun, reference: list[BatchOutput]) -> Le
                 batch=step.scheduled.batch,
                 batch_plan=step.decision,
                 tokens=step.scheduled.num_tokens,
-                gathered_bytes_by_rank=tuple(sum(p.gathered_bytes.values()) for p in pieces),
+                gathered_bytes_by_rank=tuple(
+                    sum(b for tag, b in p.gathered_bytes.items() if tag != SHADOW_TAG)
+                    for p in pieces
+                ),
                 gathered_bytes_by_tag=pieces[0].gathered_bytes,
                 kv_bytes_by_rank=tuple(p.kv_bytes for p in pieces),
                 comparison=compare_batch(ref, got),
+                shadow=pieces[0].shadow,
+                shadow_bytes=pieces[0].gathered_bytes.get(SHADOW_TAG, 0),
             )
         )
     return LevelReport(level, tuple(rows))
@@ -126,6 +149,8 @@ def verify_levels(
     debug_checks: bool = False,
     ceiling: int | None = None,
     device: str = "cpu",
+    shadow_rate: float = 0.0,
+    fault: Fault | None = None,
 ) -> VerifyReport:
     """Runs ``batches`` once per level in one group (the gate deciding each batch as the run
     goes) and compares every run with the reference, which runs the scheduled batches of
@@ -140,7 +165,11 @@ def verify_levels(
         ceiling=ceiling,
         debug_checks=debug_checks,
         device=device,
+        shadow_rate=shadow_rate,
+        fault=fault,
     )
     runs = run_levels(job, backend, on_progress)
     reference = run_reference(model, job, [step.scheduled for step in runs[0].steps])
-    return VerifyReport(tuple(_level_report(run.level, run, reference) for run in runs))
+    levels_run = tuple(_level_report(run.level, run, reference) for run in runs)
+    fault_text = None if fault is None else f"{fault_phase(fault)}:{fault.kind}"
+    return VerifyReport(levels_run, shadow_rate, fault_text)

@@ -25,6 +25,8 @@ class ProblemCode(StrEnum):
     """``--nsa-prefill-cp-min-tokens`` is below 0."""
     MAX_PHASE_OUT_OF_RANGE = "MAX_PHASE_OUT_OF_RANGE"
     """``CPKV_MAX_PHASE`` is set outside 0..5."""
+    SHADOW_RATE_OUT_OF_RANGE = "SHADOW_RATE_OUT_OF_RANGE"
+    """``--shadow-rate`` is outside 0..1."""
     PHASE_WITHOUT_CP = "PHASE_WITHOUT_CP"
     """A phase flag is on while ``--enable-nsa-prefill-context-parallel`` is off."""
     NEEDS_DISABLED = "NEEDS_DISABLED"
@@ -126,6 +128,10 @@ def _value_problems(flags: FlagSet) -> list[Problem]:
         hint = "set CPKV_MAX_PHASE to 0..5, or unset it for no ceiling"
         code = ProblemCode.MAX_PHASE_OUT_OF_RANGE
         problems.append(Problem(code, (("CPKV_MAX_PHASE", ceiling),), hint))
+    if not 0.0 <= flags.shadow_rate <= 1.0:
+        hint = "set --shadow-rate to a share of batches in 0..1"
+        code = ProblemCode.SHADOW_RATE_OUT_OF_RANGE
+        problems.append(Problem(code, (("shadow_rate", str(flags.shadow_rate)),), hint))
     return problems
 
 

@@ -50,6 +50,8 @@ class FlagSet(BaseModel):
     """PD KV transfer engine; only read when disaggregation-mode is not null."""
     disaggregation_decode_cp_size: int = 1
     """CP size of the decode server receiving this prefill server's KV; 1 means no CP there."""
+    shadow_rate: float = 0.0
+    """Share of batches (0..1) run twice and compared: the chosen path against its fallback."""
     debug_cp_shared_kv: bool = False
     """Environment only: runtime invariant checks; they may synchronise, so not for benchmarks."""
     max_phase: int | None = None

@@ -14,6 +14,8 @@ Fields read (nothing else, and no tensor):
 
 from __future__ import annotations
 
+import operator
+
 from cpkv_core.planning import BatchSpec, RequestSpec
 from flags.model import FlagError
 
@@ -54,13 +56,24 @@ def _int_list(fb: object, name: str) -> list[int]:
     value = getattr(fb, name, None)
     if value is None:
         raise FlagError(f"forward batch: {name} is missing; is this an extend (prefill) batch?")
-    return [int(v) for v in value]
+    if not isinstance(value, list | tuple):
+        raise FlagError(f"forward batch: {name} must be a list of ints, got {value!r}")
+    ints = []
+    for i, v in enumerate(value):
+        try:
+            # NOTE: operator.index accepts ints (numpy's too) but not 3.7 or "3".
+            ints.append(operator.index(v))
+        except TypeError:
+            raise FlagError(f"forward batch: {name}[{i}] must be an int, got {v!r}") from None
+    return ints
 
 
 def _rids(fb: object, count: int) -> list[str]:
     rids = getattr(fb, "rids", None)
     if rids is None:
         return [f"r{i}" for i in range(count)]
+    if not isinstance(rids, list | tuple):
+        raise FlagError(f"forward batch: rids must be a list of ids, got {rids!r}")
     rids = [str(r) for r in rids]
     if len(rids) != count or len(set(rids)) != count:
         raise FlagError(f"forward batch: rids must be {count} distinct ids, got {rids!r}")

@@ -119,6 +119,10 @@ def _toml_value(path: Path, key: str, name: str, value: object) -> object:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         expected = "an integer"
+    elif kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        expected = "a number"
     else:
         raise RuntimeError(f"no config-file type for field {name} ({kind}); indicates a bug")
     raise FlagError(f"{path}: key {key!r} must be {expected}, got {value!r}")

@@ -50,6 +50,7 @@ class BatchPlan:
     rank computes every token); None when it is split."""
 
 
+_SHADOW_OFF = Reason(ReasonCode.KILLED, (("shadow", "fallback"),))
 _NEEDS = {pid: Reason(ReasonCode.NEEDS_INACTIVE, (("phase", int(pid)),)) for pid in PhaseId}
 
 
@@ -80,13 +81,19 @@ class Gate:
         """The plan of each (unsplit, active set) seen so far: at most 2 * 2**5, built once."""
         self._static = {pid: self._static_reasons(pid) for pid in PhaseId}
 
-    def decide(self, batch: ScheduledBatch) -> BatchPlan:
-        """The ``BatchPlan`` of ``batch``."""
+    def decide(
+        self, batch: ScheduledBatch, switched_off: frozenset[PhaseId] = frozenset()
+    ) -> BatchPlan:
+        """The ``BatchPlan`` of ``batch``; ``switched_off`` phases are treated as killed for
+        this decision only (a shadow comparison's fallback plans)."""
         cp_off = cp_off_reason(batch.num_tokens, self.deploy)
         active: list[PhaseId] = []
         decisions = []
         for pid in PhaseId:
             static, phase = self._static[pid], self.registry.get(pid)
+            if pid in switched_off:
+                decisions.append(PhaseDecision(pid, False, (_SHADOW_OFF,)))
+                continue
             if phase is None or (static and static[0].code is ReasonCode.DISABLED):
                 decisions.append(PhaseDecision(pid, False, static))
                 continue

@@ -133,7 +133,7 @@ def test_config_round_trips_every_server_flag(tmp_path: Path) -> None:
         if spec.toml_key is None:
             continue
         value = getattr(flags, name)
-        shown = str(value).lower() if isinstance(value, bool | int) else f'"{value}"'
+        shown = str(value).lower() if isinstance(value, bool | int | float) else f'"{value}"'
         lines.append(f"{spec.toml_key} = {shown}")
     config = write(tmp_path / "all.toml", "\n".join(lines) + "\n")
     resolved = resolve_flags(config)

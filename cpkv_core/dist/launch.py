@@ -114,6 +114,24 @@ def _child_main(
     results.put(("result", rank, value))
 
 
+def _dead_peers(procs: Sequence[BaseProcess], done: dict[int, object], rank: int) -> list[str]:
+    """Peers of a failed ``rank`` that died without a result, after a short grace.
+
+    NOTE: a peer that dies makes the survivors' collectives fail, and the survivor's error
+    can arrive before the parent sees the death; the dead rank is the one to name first.
+    """
+    grace_end = time.monotonic() + _EXIT_GRACE_S
+    while True:
+        dead = [
+            f"rank {r} exited with code {p.exitcode}"
+            for r, p in enumerate(procs)
+            if r not in done and r != rank and p.exitcode not in (None, 0)
+        ]
+        if dead or time.monotonic() > grace_end:
+            return dead
+        time.sleep(_POLL_S)
+
+
 def _collect(
     results: _Queue,
     procs: Sequence[BaseProcess],
@@ -148,7 +166,9 @@ def _collect(
             if on_progress is not None:
                 on_progress(ProgressEvent(rank, _loads(payload)))
         elif kind == "error":
-            raise RuntimeError(f"rank {rank} failed:\n{payload}")
+            dead = _dead_peers(procs, done, rank)
+            first = f"{'; '.join(dead)} before reporting a result; then " if dead else ""
+            raise RuntimeError(f"{first}rank {rank} failed:\n{payload}")
         else:
             done[rank] = _loads(payload)
     return done

@@ -6,6 +6,7 @@ outputs out; ``ReferenceModel`` computes the same without CP.
 
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
 from cpkv_core.runtime.engine import CPEngine, StepOutput
+from cpkv_core.runtime.faults import FAULT_KINDS, Fault, FaultKind, FaultPoint
 from cpkv_core.runtime.kv_access import materialize
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, kv_bytes_per_page, kv_bytes_per_token
 from cpkv_core.runtime.model import ModelWeights, init_weights
@@ -15,23 +16,35 @@ from cpkv_core.runtime.outputs import (
     BatchOutput,
     RankBatchOutput,
     RequestOutput,
+    ShadowMismatch,
+    ShadowOutcome,
     compare_batch,
+    max_abs_diff,
     merge_rank_outputs,
 )
 from cpkv_core.runtime.reference import ReferenceModel
+from cpkv_core.runtime.shadow import SHADOW_TAG, ShadowPlan
 
 __all__ = [
+    "FAULT_KINDS",
     "OUTPUT_ATOL",
+    "SHADOW_TAG",
     "BatchComparison",
     "BatchOutput",
     "BatchTensors",
     "CPEngine",
+    "Fault",
+    "FaultKind",
+    "FaultPoint",
     "KVRows",
     "ModelWeights",
     "PagedKVPool",
     "RankBatchOutput",
     "ReferenceModel",
     "RequestOutput",
+    "ShadowMismatch",
+    "ShadowOutcome",
+    "ShadowPlan",
     "StepOutput",
     "compare_batch",
     "expand",
@@ -39,6 +52,7 @@ __all__ = [
     "kv_bytes_per_page",
     "kv_bytes_per_token",
     "materialize",
+    "max_abs_diff",
     "merge_rank_outputs",
     "upload",
 ]

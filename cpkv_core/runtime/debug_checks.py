@@ -1,7 +1,15 @@
 """Runtime invariant checks for sharded KV (``SGLANG_DEBUG_CP_SHARED_KV``).
 
 They read tensor values and call collectives, so they synchronise: off by default and
-never on in a benchmark. Each raises RuntimeError naming the broken invariant.
+never on in a benchmark. Each raises RuntimeError naming the broken invariant. Every rank
+runs every check (each check's collective needs the whole group).
+
+- ``check_writes_owned``: a sharded rank writes only token rows of pages it owns.
+- ``check_view``: every key row a batch reads (history included, whatever the key source:
+  own pool, materialized view or reused current chunk) equals the row its owner's pool
+  holds for that logical loc after the write.
+- ``after_batch``: per written token row, the shards partition the token rows in use
+  (sharded: each written by its owner only; replicated: by every rank).
 """
 
 from __future__ import annotations
@@ -9,15 +17,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from cpkv_core.planning import (
     HostPlan,
-    KeySource,
     KvLayout,
     ScheduledBatch,
     owner_of_loc,
-    owner_of_page,
+    physical_loc,
 )
 from cpkv_core.runtime.device_plan import BatchTensors
 from cpkv_core.runtime.kv_pool import KVRows
@@ -25,13 +33,26 @@ from cpkv_core.runtime.kv_pool import KVRows
 if TYPE_CHECKING:
     from cpkv_core.runtime.engine import CPEngine
 
+DEBUG_TAG = "debug"
+"""Collective tag of the checks' gathers, so their bytes are counted apart."""
 
-def _same_rows(a: KVRows, b: KVRows) -> bool:
-    return (
-        torch.equal(a.latent, b.latent)
-        and torch.equal(a.index_k.view(torch.uint8), b.index_k.view(torch.uint8))
-        and torch.equal(a.index_k_scale, b.index_k_scale)
-    )
+IntArray = npt.NDArray[np.int64]
+
+
+def _same_rows(a: KVRows, b: KVRows) -> npt.NDArray[np.bool_]:
+    """Per row: latent, index K (bytes) and scale equal. ``[n]`` bool, on the host."""
+    latent = (a.latent == b.latent).all(dim=1)
+    index_k = (a.index_k.view(torch.uint8) == b.index_k.view(torch.uint8)).all(dim=1)
+    return (latent & index_k & (a.index_k_scale == b.index_k_scale)).cpu().numpy()
+
+
+def request_locs(batch: ScheduledBatch, index: int, start: int, end: int) -> IntArray:
+    """Logical locs of positions ``[start, end)`` of request ``index`` of ``batch``."""
+    ps = batch.page_size
+    positions = np.arange(start, end, dtype=np.int64)
+    table = np.asarray(batch.requests[index].page_table, np.int64)
+    locs: IntArray = table[positions // ps] * ps + positions % ps
+    return locs
 
 
 class DebugChecks:
@@ -39,73 +60,106 @@ class DebugChecks:
 
     def __init__(self, engine: CPEngine) -> None:
         self.engine = engine
-        self.written_pages: set[int] = set()
+        self.written_locs: set[int] = set()
+        """Logical token rows this rank has stored KV for."""
+        self.locs_in_use: set[int] = set()
+        """Logical token rows of every request this rank has run, history included."""
+
+    @property
+    def written_pages(self) -> set[int]:
         """Logical pages this rank has stored KV for."""
-        self.pages_in_use: set[int] = set()
-        """Logical pages of every page table this rank has run."""
+        page_size = self.engine.deploy.page_size
+        return {loc // page_size for loc in self.written_locs}
 
     def check_layer(
         self,
         batch: ScheduledBatch,
         host: HostPlan,
         tensors: BatchTensors,
-        current: KVRows,
         keys: KVRows,
+        layer: int,
     ) -> None:
-        """Writes touch only owned pages; a materialized view holds the current chunk exactly."""
+        """The per-layer checks, after the write and before attention."""
+        self.check_writes_owned(tensors)
+        self.check_view(batch, host, tensors, keys, layer)
+
+    def check_writes_owned(self, tensors: BatchTensors) -> None:
+        """Sharded: every token row this rank wrote is on a page it owns."""
+        engine = self.engine
+        if engine.kv_layout is not KvLayout.SHARDED:
+            return
+        rank, cp_size, page_size = engine.comm.rank, engine.deploy.cp_size, engine.deploy.page_size
+        owners = owner_of_loc(tensors.written_locs.cpu().numpy(), page_size, cp_size)
+        if not bool((owners == rank).all()):
+            raise RuntimeError(
+                f"rank {rank} wrote a page it does not own: owners {owners.tolist()}"
+            )
+
+    def check_view(
+        self, batch: ScheduledBatch, host: HostPlan, tensors: BatchTensors, keys: KVRows, layer: int
+    ) -> None:
+        """Every key row this rank reads equals its owner's pool row for that logical loc.
+
+        Every rank's pool layer is gathered (pools are the same size on every rank), so the
+        row of logical loc ``l`` is ``pools[owner(l), row(l)]``: ``physical_loc`` sharded,
+        ``l`` replicated (which also checks that replicas agree).
+        """
         engine = self.engine
         rank, cp_size, page_size = engine.comm.rank, engine.deploy.cp_size, engine.deploy.page_size
-        if engine.kv_layout is KvLayout.SHARDED:
-            owners = owner_of_loc(tensors.written_locs.cpu().numpy(), page_size, cp_size)
-            if not bool((owners == rank).all()):
-                raise RuntimeError(
-                    f"rank {rank} wrote a page it does not own: owners {owners.tolist()}"
-                )
-        view = host.view
-        if host.key_source is not KeySource.VIEW or view is None:
+        pool = engine.pool.layers[layer]
+        pools = KVRows(
+            engine.comm.all_gather(pool.latent, DEBUG_TAG).flatten(0, 1),
+            engine.comm.all_gather(pool.index_k, DEBUG_TAG).flatten(0, 1),
+            engine.comm.all_gather(pool.index_k_scale, DEBUG_TAG).flatten(0, 1),
+        )
+        if not host.attended:
             return
-        starts = np.cumsum([0, *(len(r.page_table) for r in batch.requests)])
-        rows = np.concatenate(
+        locs = np.concatenate(
             [
-                view.key_rows(slice(starts[i], starts[i + 1]), req.seq_len)[req.prefix_len :]
-                for i, req in enumerate(batch.requests)
+                request_locs(batch, req.index, 0, req.key_end - req.key_start)
+                for req in host.attended
             ]
         )
-        index = torch.from_numpy(rows).to(keys.latent.device)
-        if not _same_rows(keys.select(index), current):
+        owners = owner_of_loc(locs, page_size, cp_size)
+        sharded = engine.kv_layout is KvLayout.SHARDED
+        rows = physical_loc(locs, page_size, cp_size) if sharded else locs
+        truth = torch.from_numpy(owners * len(pool) + rows).to(pool.latent.device)
+        same = _same_rows(keys.select(tensors.key_rows), pools.select(truth))
+        if not same.all():
+            bad = locs[~same][:8].tolist()
             raise RuntimeError(
-                f"rank {rank}: the materialized view differs from the gathered current chunk"
+                f"rank {rank} layer {layer}: {int((~same).sum())} key rows read "
+                f"({host.key_source}) differ from their owners' pools, logical locs {bad}"
             )
 
     def after_batch(self, batch: ScheduledBatch, tensors: BatchTensors) -> None:
-        """Records the batch's pages, then checks that the shards partition them."""
-        page_size = self.engine.deploy.page_size
-        self.written_pages.update((tensors.written_locs // page_size).tolist())
-        for req in batch.requests:
-            self.pages_in_use.update(req.page_table.tolist())
-        self.check_ownership_partition()
+        """Records the batch's token rows, then checks that the shards partition them."""
+        self.written_locs.update(tensors.written_locs.cpu().tolist())
+        for i, req in enumerate(batch.requests):
+            self.locs_in_use.update(request_locs(batch, i, 0, req.seq_len).tolist())
+        self.check_coverage()
 
-    def check_ownership_partition(self) -> None:
-        """Every page in use was stored by its owner only (sharded) or by every rank
-        (replicated)."""
+    def check_coverage(self) -> None:
+        """Every token row in use was stored by its owner only (sharded) or by every rank
+        (replicated), and by no other rank."""
         engine = self.engine
-        written = engine.comm.gather_objects(sorted(self.written_pages))
+        written = engine.comm.gather_objects(sorted(self.written_locs))
         if written is None:
             return
-        in_use = self.pages_in_use
-        sets = [set(pages) for pages in written if isinstance(pages, list)]
+        in_use = self.locs_in_use
+        sets = [set(locs) for locs in written if isinstance(locs, list)]
         if engine.kv_layout is KvLayout.REPLICATED:
-            bad = [rank for rank, pages in enumerate(sets) if pages != in_use]
+            bad = [rank for rank, locs in enumerate(sets) if locs != in_use]
             if bad:
-                raise RuntimeError(f"replicated pools of ranks {bad} miss pages in use")
+                raise RuntimeError(f"replicated pools of ranks {bad} miss token rows in use")
             return
-        cp_size = engine.deploy.cp_size
-        for rank, pages in enumerate(sets):
-            foreign = sorted(p for p in pages if owner_of_page(p, cp_size) != rank)
+        cp_size, page_size = engine.deploy.cp_size, engine.deploy.page_size
+        for rank, locs in enumerate(sets):
+            foreign = sorted(loc for loc in locs if owner_of_loc(loc, page_size, cp_size) != rank)
             if foreign:
-                raise RuntimeError(f"rank {rank} stored pages it does not own: {foreign[:8]}")
+                raise RuntimeError(f"rank {rank} stored token rows it does not own: {foreign[:8]}")
         union = set().union(*sets)
         if union != in_use:
             raise RuntimeError(
-                f"shards do not cover the pages in use: missing {sorted(in_use - union)[:8]}"
+                f"shards do not cover the token rows in use: missing {sorted(in_use - union)[:8]}"
             )

@@ -33,6 +33,7 @@ from cpkv_core.planning import (
 )
 from cpkv_core.runtime.debug_checks import DebugChecks
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
+from cpkv_core.runtime.faults import Fault
 from cpkv_core.runtime.kv_access import key_source, write_rows
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 from cpkv_core.runtime.model import (
@@ -45,7 +46,8 @@ from cpkv_core.runtime.model import (
     lm_head,
     project,
 )
-from cpkv_core.runtime.outputs import RankBatchOutput
+from cpkv_core.runtime.outputs import RankBatchOutput, ShadowOutcome
+from cpkv_core.runtime.shadow import ShadowPlan, run_shadowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,16 @@ class StepOutput:
     topk: Tensor  # [num_layers, n_local, index_topk] logical key positions
     last_hidden: Tensor  # [bs, hidden] final-normed, identical on every rank
     logits: Tensor  # [bs, vocab]
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The path whose results a batch delivers, and the shadow comparison that chose it."""
+
+    host: HostPlan
+    tensors: BatchTensors
+    step: StepOutput
+    shadow: ShadowOutcome | None = None
 
 
 class CPEngine:
@@ -74,6 +86,7 @@ class CPEngine:
         weights: ModelWeights | None = None,
         debug_checks: bool = False,
         device: torch.device | str = "cpu",
+        fault: Fault | None = None,
     ) -> None:
         """Args:
         num_pages: logical pages of the KV address space (a multiple of cp_size is
@@ -81,6 +94,7 @@ class CPEngine:
         kv_layout: replicated (every page on every rank) or sharded (owned pages only).
         debug_checks: run the invariant checks of ``debug_checks``; they synchronise.
         device: where weights, the pool and every run-step tensor live.
+        fault: a game-day fault injected into every path that uses its strategy.
         """
         if comm.world_size != deploy.cp_size:
             raise ValueError(
@@ -99,6 +113,7 @@ class CPEngine:
             cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
         )
         self.debug = DebugChecks(self) if debug_checks else None
+        self.fault: Fault | None = fault
         self.requests: dict[str, ScheduledRequest] = {}
         """The latest chunk of every request this rank ran (PD reads its page table)."""
         self.stored_pages = 0
@@ -113,41 +128,69 @@ class CPEngine:
             )
         return build_host_plan(batch, plan, self.comm.rank)
 
-    def run_batch(self, batch: ScheduledBatch, plan: ExecutionPlan) -> RankBatchOutput:
-        """Runs one batch on this rank; every rank of the group must call it together."""
+    def run_batch(
+        self,
+        batch: ScheduledBatch,
+        plan: ExecutionPlan,
+        shadow: ShadowPlan | None = None,
+    ) -> RankBatchOutput:
+        """Runs one batch on this rank; every rank of the group must call it together.
+
+        ``shadow`` (a sampled batch) replaces the single run: the candidate and fallback
+        paths are run and compared, and the surviving one is served (``runtime.shadow``).
+        """
         start = time.perf_counter()
         before = self._gathered_bytes()
-        host = self.host_plan(batch, plan)
-        tensors = expand(host, upload(host, self.device), self.cfg.vocab_size)
-        step = self.run_step(host, tensors, batch)
+        if shadow is None:
+            host, tensors, step = self.run_plan(batch, plan)
+            served = Served(host, tensors, step)
+        else:
+            served = run_shadowed(self, batch, shadow)
         self._commit(batch)
         if self.debug is not None:
-            self.debug.after_batch(batch, tensors)
+            self.debug.after_batch(batch, served.tensors)
         after = self._gathered_bytes()
         return RankBatchOutput(
             batch=batch.batch,
             rank=self.comm.rank,
-            local_token_indices=tensors.local_token_indices,
-            topk=step.topk,
-            last_hidden=step.last_hidden,
-            logits=step.logits,
+            local_token_indices=served.tensors.local_token_indices,
+            topk=served.step.topk,
+            last_hidden=served.step.last_hidden,
+            logits=served.step.logits,
             gathered_bytes={tag: after[tag] - before.get(tag, 0) for tag in after},
             kv_bytes=self.pool.bytes_for_pages(self.stored_pages),
             seconds=time.perf_counter() - start,
+            shadow=served.shadow,
         )
 
+    def prepare(self, batch: ScheduledBatch, plan: ExecutionPlan) -> tuple[HostPlan, BatchTensors]:
+        """The host plan and its expanded tensors, with the injected fault (if any) applied
+        to the paths it targets."""
+        host = self.host_plan(batch, plan)
+        tensors = expand(host, upload(host, self.device), self.cfg.vocab_size)
+        if self.fault is not None:
+            tensors = self.fault.apply(host, tensors)
+        return host, tensors
+
+    def run_plan(
+        self, batch: ScheduledBatch, plan: ExecutionPlan, reads: list[KVRows] | None = None
+    ) -> tuple[HostPlan, BatchTensors, StepOutput]:
+        """Plans and runs one path of a batch (no commit)."""
+        host, tensors = self.prepare(batch, plan)
+        return host, tensors, self.run_step(host, tensors, batch, reads)
+
     def run_step(
-        self, host: HostPlan, tensors: BatchTensors, batch: ScheduledBatch | None = None
+        self,
+        host: HostPlan,
+        tensors: BatchTensors,
+        batch: ScheduledBatch | None = None,
+        reads: list[KVRows] | None = None,
     ) -> StepOutput:
         """The device half: every layer, then the tail. ``batch`` is read by the debug
-        checks only."""
+        checks only; ``reads`` (shadow comparisons) collects each layer's key rows read."""
         hidden = embed(self.weights, tensors.local_token_ids, tensors.local_positions)
         topk_per_layer = []
-        # NOTE: the debug checks compare a view with the gathered chunk; under the none split
-        # the local rows are that chunk already.
-        needs_current = host.gathers_current or (
-            self.debug is not None and not host.strategies.computes_every_token
-        )
+        needs_current = host.gathers_current
         for layer_index, layer in enumerate(self.weights.layers):
             proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
             own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
@@ -159,8 +202,10 @@ class CPEngine:
             keys = key_source(
                 self.comm, self.pool, layer_index, host.key_source, tensors.send_rows, current
             )
+            if reads is not None:
+                reads.append(keys.select(tensors.key_rows))
             if self.debug is not None and batch is not None:
-                self.debug.check_layer(batch, host, tensors, current, keys)
+                self.debug.check_layer(batch, host, tensors, keys, layer_index)
             attn, topk = attend_local(self.cfg, proj, host, tensors, keys)
             topk_per_layer.append(topk)
             hidden = finish_layer(layer, hidden, attn)

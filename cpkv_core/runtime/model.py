@@ -207,6 +207,11 @@ def select_topk(scores: Tensor, query_positions: Tensor, topk: int) -> Tensor:
     return torch.where(chosen < width, chosen, NO_KEY)
 
 
+def attention_scale(cfg: ModelConfig) -> float:
+    """Softmax scale of the absorbed MLA logits: ``kv_dim ** -0.5``."""
+    return float(cfg.kv_dim**-0.5)
+
+
 def sparse_attention(
     cfg: ModelConfig, q: Tensor, latent_keys: Tensor, topk_positions: Tensor
 ) -> Tensor:
@@ -222,7 +227,7 @@ def sparse_attention(
     """
     valid = topk_positions != NO_KEY
     selected = latent_keys[topk_positions.clamp(min=0)]  # [nq, topk, kv_dim]
-    logits = ordered_dot(q[:, :, None, :], selected[:, None, :, :]) * cfg.kv_dim**-0.5
+    logits = ordered_dot(q[:, :, None, :], selected[:, None, :, :]) * attention_scale(cfg)
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
     probs = softmax_fp64(logits, dim=-1).float()  # [nq, heads, topk]
     values = selected[:, None, :, : cfg.kv_lora_rank]  # [nq, 1, topk, kv_lora_rank]

@@ -45,11 +45,31 @@ class BatchComparison:
     topk_equal: bool
     topk_mismatches: int
     """Query rows (summed over layers) whose selected key set differs."""
+    nonfinite: int = 0
+    """Output values (last hidden, logits) that are NaN or infinite in the candidate or the
+    reference; ``max_abs_diff`` covers the finite ones only."""
 
     @property
     def ok(self) -> bool:
-        """Top-k sets equal and outputs within ``OUTPUT_ATOL``."""
-        return self.topk_equal and self.max_abs_diff <= OUTPUT_ATOL
+        """Top-k sets equal, every output finite and within ``OUTPUT_ATOL``."""
+        return self.topk_equal and self.nonfinite == 0 and self.max_abs_diff <= OUTPUT_ATOL
+
+
+def _finite_diff(a: Tensor, b: Tensor) -> tuple[float, int]:
+    """``(max |a - b| over positions finite in both, count of positions that are not)``.
+
+    NOTE: ``max(x, nan)`` is ``x`` in Python, so a NaN must be counted, never folded into
+    the maximum.
+    """
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    diff = torch.where(finite, (a - b).abs(), torch.zeros_like(a))
+    return float(diff.max()) if diff.numel() else 0.0, int((~finite).sum())
+
+
+def max_abs_diff(a: Tensor, b: Tensor) -> float:
+    """Largest ``|a - b|``; ``inf`` when either holds a NaN or an infinity anywhere."""
+    diff, nonfinite = _finite_diff(a, b)
+    return float("inf") if nonfinite else diff
 
 
 def compare_batch(reference: BatchOutput, candidate: BatchOutput) -> BatchComparison:
@@ -60,10 +80,11 @@ def compare_batch(reference: BatchOutput, candidate: BatchOutput) -> BatchCompar
             "indicates a bug in output collection"
         )
     max_diff = 0.0
-    mismatches = 0
+    mismatches = nonfinite = 0
     for ref, got in zip(reference.requests, candidate.requests, strict=True):
         for a, b in ((ref.last_hidden, got.last_hidden), (ref.logits, got.logits)):
-            max_diff = max(max_diff, float((a - b).abs().max()))
+            diff, bad = _finite_diff(a, b)
+            max_diff, nonfinite = max(max_diff, diff), nonfinite + bad
         if ref.topk.shape != got.topk.shape:
             mismatches += int(ref.topk.shape[0] * ref.topk.shape[1])
             continue
@@ -74,7 +95,30 @@ def compare_batch(reference: BatchOutput, candidate: BatchOutput) -> BatchCompar
         max_abs_diff=max_diff,
         topk_equal=mismatches == 0,
         topk_mismatches=mismatches,
+        nonfinite=nonfinite,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowMismatch:
+    """A candidate path that differed from its fallback on a sampled batch."""
+
+    phase: int
+    max_abs_diff: float
+    """Largest difference of what was compared (``inf`` when rows or top-k differ)."""
+    what: str
+    """What differed: ``outputs``, ``rows read`` or ``rows written``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowOutcome:
+    """What the shadow comparison of one sampled batch found (identical on every rank)."""
+
+    compared: tuple[int, ...]
+    """Phases whose candidate path was compared with its fallback."""
+    mismatches: tuple[ShadowMismatch, ...]
+    seconds: float
+    """Wall time of the extra runs and comparisons on this rank."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +134,7 @@ class RankBatchOutput:
     gathered_bytes: dict[str, int]  # bytes gathered by this rank in this batch, per tag
     kv_bytes: int  # persistent KV bytes in use on this rank after the batch
     seconds: float  # wall time of the batch on this rank, host planning included
+    shadow: ShadowOutcome | None = None  # set on sampled batches only
 
 
 def merge_rank_outputs(batch: BatchSpec, outputs: Sequence[RankBatchOutput]) -> BatchOutput:
@@ -101,8 +146,8 @@ def merge_rank_outputs(batch: BatchSpec, outputs: Sequence[RankBatchOutput]) -> 
     first = outputs[0]
     for other in outputs[1:]:
         if not (
-            torch.equal(first.last_hidden, other.last_hidden)
-            and torch.equal(first.logits, other.logits)
+            _same_bits(first.last_hidden, other.last_hidden)
+            and _same_bits(first.logits, other.logits)
         ):
             raise RuntimeError(
                 f"batch {batch.batch}: ranks {first.rank} and {other.rank} disagree on the "
@@ -120,6 +165,12 @@ def merge_rank_outputs(batch: BatchSpec, outputs: Sequence[RankBatchOutput]) -> 
             for i, req in enumerate(batch.requests)
         ),
     )
+
+
+def _same_bits(a: Tensor, b: Tensor) -> bool:
+    """Bitwise equality: a NaN every rank computed alike is the same output, and is left to
+    ``compare_batch`` to fail (``torch.equal`` would call it a collection bug)."""
+    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def stack_topk(per_layer: list[Tensor]) -> Tensor:

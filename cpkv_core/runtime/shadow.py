@@ -1,0 +1,199 @@
+"""Shadow verification of one sampled batch: each optimized path against its fallback.
+
+The loop hands a ``ShadowPlan``: the phases to check, highest first, and the plan of every
+subset of them switched off. For each phase the candidate (the plan with the phases found
+bad so far switched off) and its fallback (the same with this phase off too) are run from
+the same pool state and compared: outputs (last-token states, logits, top-k in batch order),
+the key rows read (when both split alike) and the pool rows written. A mismatch switches the
+phase off for the rest of the batch's checks; the batch is served from the last path that
+survived, and the pool ends as that path leaves it (the fallback runs last, and a match
+means equal rows written). Every rank reaches the same verdict (one small all-gather), so
+rank 0's gate can trip the kill switch before the next batch.
+
+The first candidate run is the batch's ordinary run; every other run and the verdict are
+counted under ``SHADOW_TAG``. Comparisons read device values: shadow batches synchronise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from cpkv_core.dist.comm import CommStats, Communicator
+from cpkv_core.planning import ExecutionPlan, ScheduledBatch
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
+from cpkv_core.runtime.outputs import (
+    OUTPUT_ATOL,
+    ShadowMismatch,
+    ShadowOutcome,
+    max_abs_diff,
+)
+
+if TYPE_CHECKING:
+    from cpkv_core.runtime.engine import CPEngine, Served
+
+__all__ = ["SHADOW_TAG", "ShadowPlan", "run_shadowed"]
+
+SHADOW_TAG = "shadow"
+"""Collective tag of every shadow run and verdict, so their bytes are counted apart."""
+
+_WHAT = ("", "outputs", "rows read", "rows written")
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowPlan:
+    """What a sampled batch checks: ``phases`` highest first, and the plan for every set
+    of them switched off (the empty set is the gate's chosen plan)."""
+
+    phases: tuple[int, ...]
+    plans: Mapping[frozenset[int], ExecutionPlan]
+
+
+class _Tagged:
+    """A communicator that counts every all-gather under one tag."""
+
+    def __init__(self, comm: Communicator, tag: str) -> None:
+        self.comm, self.tag = comm, tag
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self.stats: CommStats = comm.stats
+
+    def all_gather(self, tensor: Tensor, tag: str) -> Tensor:
+        del tag
+        return self.comm.all_gather(tensor, self.tag)
+
+    def barrier(self) -> None:
+        self.comm.barrier()
+
+    def gather_objects(self, obj: object) -> list[object] | None:
+        return self.comm.gather_objects(obj)
+
+    def broadcast_object(self, obj: object) -> object:
+        return self.comm.broadcast_object(obj)
+
+
+class _PoolGuard:
+    """The pre-batch values of every pool row a run of the batch may write."""
+
+    def __init__(self, pool: PagedKVPool) -> None:
+        self.pool = pool
+        self.rows = torch.empty(0, dtype=torch.int64, device=pool.layers[0].latent.device)
+        self.saved = [layer.select(self.rows) for layer in pool.layers]
+
+    def cover(self, dest: Tensor) -> None:
+        """Saves rows of ``dest`` not saved yet; call before any run writes them."""
+        new = torch.unique(dest[~torch.isin(dest, self.rows)])
+        if len(new) == 0:
+            return
+        self.saved = [
+            _cat(s, layer.select(new))
+            for s, layer in zip(self.saved, self.pool.layers, strict=True)
+        ]
+        self.rows = torch.cat([self.rows, new])
+
+    def restore(self) -> None:
+        for layer, saved in enumerate(self.saved):
+            self.pool.write(layer, self.rows, saved)
+
+
+def _cat(a: KVRows, b: KVRows) -> KVRows:
+    return KVRows(
+        torch.cat([a.latent, b.latent]),
+        torch.cat([a.index_k.view(torch.uint8), b.index_k.view(torch.uint8)]).view(a.index_k.dtype),
+        torch.cat([a.index_k_scale, b.index_k_scale]),
+    )
+
+
+def _same(a: KVRows, b: KVRows) -> bool:
+    return (
+        a.latent.shape == b.latent.shape
+        and torch.equal(a.latent, b.latent)
+        and torch.equal(a.index_k.view(torch.uint8), b.index_k.view(torch.uint8))
+        and torch.equal(a.index_k_scale, b.index_k_scale)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    served: Served
+    reads: list[KVRows]
+    topk: Tensor  # [num_tokens, num_layers, index_topk] in batch order
+    written: list[KVRows]  # per layer, the pool rows of ``rows`` after the run
+
+
+def _run(engine: CPEngine, batch: ScheduledBatch, plan: ExecutionPlan, rows: Tensor) -> _Run:
+    from cpkv_core.runtime.engine import Served
+
+    reads: list[KVRows] = []
+    host, tensors = engine.prepare(batch, plan)
+    step = engine.run_step(host, tensors, batch, reads)
+    topk = engine.all_gather_tokens(step.topk.transpose(0, 1), host, tensors, SHADOW_TAG)
+    written = [layer.select(rows) for layer in engine.pool.layers]
+    return _Run(Served(host, tensors, step), reads, topk, written)
+
+
+def _verdict(cand: _Run, fallback: _Run) -> tuple[int, float]:
+    """(0 equal, 1 outputs, 2 rows read, 3 rows written; largest output difference)."""
+    a, b = cand.served.step, fallback.served.step
+    diff = max(max_abs_diff(a.last_hidden, b.last_hidden), max_abs_diff(a.logits, b.logits))
+    if diff > OUTPUT_ATOL or not torch.equal(cand.topk, fallback.topk):
+        return 1, diff
+    if cand.served.host.attended == fallback.served.host.attended and not all(
+        _same(x, y) for x, y in zip(cand.reads, fallback.reads, strict=True)
+    ):
+        return 2, diff
+    if not all(_same(x, y) for x, y in zip(cand.written, fallback.written, strict=True)):
+        return 3, diff
+    return 0, diff
+
+
+def run_shadowed(engine: CPEngine, batch: ScheduledBatch, shadow: ShadowPlan) -> Served:
+    """Runs ``batch`` under ``shadow`` on this rank (every rank together); see the module."""
+    from cpkv_core.runtime.engine import Served
+
+    start = time.perf_counter()
+    guard, main_comm = _PoolGuard(engine.pool), engine.comm
+    excluded: frozenset[int] = frozenset()
+    served: Served | None = None
+    compared: list[int] = []
+    mismatches: list[ShadowMismatch] = []
+    main_seconds = 0.0
+    try:
+        for phase in shadow.phases:
+            plan, fallback_plan = shadow.plans[excluded], shadow.plans[excluded | {phase}]
+            if plan == fallback_plan:
+                continue  # NOTE: already off: a phase it needs was found bad
+            dests = [engine.prepare(batch, p)[1].write_dest for p in (plan, fallback_plan)]
+            for dest in dests:
+                guard.cover(dest)
+            rows = torch.unique(torch.cat(dests))
+            guard.restore()
+            run_start = time.perf_counter()
+            cand = _run(engine, batch, plan, rows)
+            if not compared:
+                # NOTE: the first candidate run is the batch's ordinary run.
+                main_seconds = time.perf_counter() - run_start
+                engine.comm = _Tagged(main_comm, SHADOW_TAG)
+            compared.append(phase)
+            guard.restore()
+            fallback = _run(engine, batch, fallback_plan, rows)
+            local = torch.tensor(_verdict(cand, fallback), dtype=torch.float64)
+            agreed = engine.comm.all_gather(local, SHADOW_TAG).amax(dim=0)
+            code, diff = int(agreed[0]), float(agreed[1])
+            if code:
+                worst = diff if code == 1 else float("inf")
+                mismatches.append(ShadowMismatch(phase, worst, _WHAT[code]))
+                excluded |= {phase}
+            served = fallback.served if code else cand.served
+    finally:
+        engine.comm = main_comm
+    if served is None:
+        host, tensors, step = engine.run_plan(batch, shadow.plans[frozenset()])
+        return Served(host, tensors, step, ShadowOutcome((), (), 0.0))
+    seconds = time.perf_counter() - start - main_seconds
+    outcome = ShadowOutcome(tuple(compared), tuple(mismatches), seconds)
+    return Served(served.host, served.tensors, served.step, outcome)

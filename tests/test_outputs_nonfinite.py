@@ -1,0 +1,66 @@
+"""Comparisons fail on NaN or Inf anywhere in an output, whatever the cp size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from cpkv.runner import Backend
+from cpkv.verify import verify_levels
+from cpkv_core.config import model_preset
+from cpkv_core.runtime import BatchOutput, RequestOutput, compare_batch, max_abs_diff
+from cpkv_core.runtime import engine as engine_mod
+from cpkv_core.runtime.model import ModelWeights, lm_head
+from phases import PhaseId
+from tests.conftest import make_deploy, mixed_trace
+
+TINY = model_preset("tiny")
+
+
+def make_output(hidden: Tensor, logits: Tensor) -> BatchOutput:
+    topk = torch.zeros(1, 1, 2, dtype=torch.int64)
+    return BatchOutput(0, (RequestOutput("a", hidden, logits, topk),))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", ["candidate", "reference"])
+def test_comparison_fails_on_one_nonfinite_value(bad: float, where: str) -> None:
+    good = make_output(torch.ones(4), torch.ones(3))
+    logits = torch.ones(3)
+    logits[1] = bad
+    broken = make_output(torch.ones(4), logits)
+    ref, got = (good, broken) if where == "candidate" else (broken, good)
+    cmp = compare_batch(ref, got)
+    assert not cmp.ok
+    assert cmp.nonfinite == 1
+    assert max_abs_diff(ref.requests[0].logits, got.requests[0].logits) == float("inf")
+
+
+def test_comparison_fails_on_all_nan_outputs() -> None:
+    nan = make_output(torch.full((4,), float("nan")), torch.full((3,), float("nan")))
+    cmp = compare_batch(make_output(torch.ones(4), torch.ones(3)), nan)
+    assert not cmp.ok and cmp.nonfinite == 7
+
+
+@pytest.mark.parametrize("cp_size", [1, 2, 3, 4])
+def test_verify_fails_when_the_engine_outputs_nan(
+    cp_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At cp 1 nothing else compares the outputs; at cp > 1 the ranks agree on the NaN (they
+    computed it alike), so the failure must come from the comparison, not a collection bug."""
+
+    def nan_head(weights: ModelWeights, last_hidden: Tensor) -> tuple[Tensor, Tensor]:
+        normed, logits = lm_head(weights, last_hidden)
+        return torch.full_like(normed, float("nan")), torch.full_like(logits, float("nan"))
+
+    monkeypatch.setattr(engine_mod, "lm_head", nan_head)
+    deploy = make_deploy(cp_size, 4)
+    batches = mixed_trace(4).batches
+    enabled = frozenset({PhaseId.NARROW_OUTPUT})
+    report = verify_levels(TINY, deploy, batches, (0, 1), enabled, Backend.LOCAL)
+    assert not report.ok
+    for level in report.levels:
+        assert all(row.comparison.nonfinite > 0 for row in level.rows), level.level
+        assert not level.ok
+    assert report.to_json()["batches"][0]["nonfinite"] > 0

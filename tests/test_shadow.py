@@ -1,0 +1,176 @@
+"""Shadow verification: sampled batches run their fallback too; a mismatch serves the fallback
+and kills the phase before the next batch; injected faults are caught with no wrong output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import cpkv.pd as pd_mod
+from cpkv.cli import app
+from cpkv.loop import sampled
+from cpkv.pd import PdReport
+from cpkv.runner import Backend, RankJob
+from cpkv.shadow_report import FAULT_POINTS, parse_fault, shadow_summary, summarize
+from cpkv.verify import VerifyReport, verify_levels
+from cpkv_core.config import model_preset
+from cpkv_core.runtime import FAULT_KINDS, Fault
+from cpkv_core.traces import load_trace
+from phases import levels_of
+from phases.registry import REGISTERED_PHASES
+from tests.conftest import DATA, make_deploy
+
+TINY = model_preset("tiny")
+ALL = frozenset(REGISTERED_PHASES)
+LONG = DATA / "long.jsonl"
+runner = CliRunner()
+
+
+def verify_long(
+    cp_size: int = 2, rate: float = 1.0, fault: Fault | None = None, levels: tuple[int, ...] = ()
+) -> VerifyReport:
+    batches = load_trace(LONG, 4).batches
+    return verify_levels(
+        TINY,
+        make_deploy(cp_size, 4),
+        batches,
+        levels or levels_of(ALL),
+        ALL,
+        Backend.LOCAL,
+        shadow_rate=rate,
+        fault=fault,
+    )
+
+
+def test_sampling_is_deterministic_from_batch_and_seed() -> None:
+    draws = [sampled(b, 0.3, seed=7) for b in range(2000)]
+    assert draws == [sampled(b, 0.3, seed=7) for b in range(2000)]
+    assert 500 < sum(draws) < 700
+    assert draws != [sampled(b, 0.3, seed=8) for b in range(2000)]
+    assert not any(sampled(b, 0.0, 1) for b in range(100))
+    assert all(sampled(b, 1.0, 1) for b in range(100))
+
+
+def test_every_batch_shadowed_matches_and_main_bytes_are_unchanged() -> None:
+    plain, shadowed = verify_long(rate=0.0), verify_long(rate=1.0)
+    assert shadowed.ok
+    summary = shadow_summary(shadowed)
+    rows = [r for lv in shadowed.levels for r in lv.rows]
+    assert summary.sampled == len(rows) and summary.mismatches == 0
+    assert summary.compared > 0 and summary.bytes > 0
+    # NOTE: shadow runs count under their own tag; the served path's bytes stay the same.
+    plain_rows = [r for lv in plain.levels for r in lv.rows]
+    assert [r.gathered_bytes_by_rank for r in rows] == [
+        r.gathered_bytes_by_rank for r in plain_rows
+    ]
+    assert all(r.shadow_bytes > 0 for r in rows if r.shadow and r.shadow.compared)
+    assert shadow_summary(plain).sampled == 0
+
+
+@pytest.mark.parametrize(
+    ("phase", "kind"), [(p, k) for p, point in FAULT_POINTS.items() for k in FAULT_KINDS[point]]
+)
+def test_injected_fault_is_caught_killed_and_never_delivered(phase: int, kind: str) -> None:
+    fault = parse_fault(f"{phase}:{kind}")
+    assert fault is not None
+    unguarded = verify_long(rate=0.0, fault=fault, levels=(phase,))
+    assert not unguarded.ok, "the fault must corrupt outputs when nothing guards them"
+    report = verify_long(rate=1.0, fault=fault, levels=(phase,))
+    assert report.ok, "a caught fault delivers the fallback's (correct) outputs"
+    summary = shadow_summary(report)
+    assert summary.fault_caught and summary.wrong_outputs_delivered == 0
+    rows = report.levels[0].rows
+    kill = next(k for k in summary.kills if k.phase == phase)
+    later = [r for r in rows if r.batch > kill.batch]
+    assert later, "the trace must have batches after the kill"
+    for row in later:
+        decision = row.batch_plan.decisions[phase - 1]
+        assert not decision.active
+        assert any(
+            str(r).startswith(f"KILLED batch={kill.batch} max_diff=") for r in decision.reasons
+        ), decision
+
+
+def test_phase_4_fault_at_level_5_is_caught_with_no_wrong_output() -> None:
+    """Phase 5's fallback keeps phase 4's split, so each active phase is checked in turn."""
+    report = verify_long(rate=1.0, fault=parse_fault("4"), levels=(5,), cp_size=3)
+    assert report.ok
+    assert 4 in {k.phase for k in shadow_summary(report).kills}
+
+
+def test_verify_json_has_a_shadow_section(tmp_path: Path) -> None:
+    args = ["verify", str(LONG), "--phases", "all", "--cp-size", "2", "--page-size", "4"]
+    args += ["--backend", "local", "--shadow-rate", "1", "--inject-fault", "5", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    shadow = json.loads(result.stdout)["shadow"]
+    assert shadow["rate"] == 1.0 and shadow["fault"] == "5:drop" and shadow["fault_caught"]
+    assert shadow["phases_killed"] == [5] and shadow["wrong_outputs_delivered"] == 0
+    assert shadow["sampled"] == 24 and shadow["mismatches"] == 1
+
+
+def test_verify_text_names_the_catch() -> None:
+    args = ["verify", str(LONG), "--phases", "1", "--cp-size", "2", "--page-size", "4"]
+    result = runner.invoke(
+        app, [*args, "--backend", "local", "--shadow-rate", "1", "--inject-fault", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "injected fault 1:owner: CAUGHT" in result.stdout
+    assert "phase 1 killed at level 1 batch 0" in result.stdout
+
+
+def test_shadow_rate_comes_from_env_and_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["verify", str(LONG), "--phases", "1", "--cp-size", "2", "--page-size", "4"]
+    args += ["--backend", "local", "--json"]
+    monkeypatch.setenv("CPKV_SHADOW_RATE", "0.5")
+    result = runner.invoke(app, args)
+    assert json.loads(result.stdout)["shadow"]["rate"] == 0.5
+    monkeypatch.delenv("CPKV_SHADOW_RATE")
+    config = tmp_path / "cpkv.toml"
+    config.write_text("shadow-rate = 1\n")
+    result = runner.invoke(app, [*args, "--config", str(config)])
+    assert json.loads(result.stdout)["shadow"]["sampled"] == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--shadow-rate", "1.5"], "SHADOW_RATE_OUT_OF_RANGE"),
+        (["--inject-fault", "2"], "PHASE in 1, 3, 4, 5"),
+        (["--inject-fault", "5:owner"], "takes KIND drop, row"),
+    ],
+)
+def test_bad_shadow_options_are_bad_input(args: list[str], words: str) -> None:
+    base = ["verify", str(LONG), "--cp-size", "2", "--page-size", "4", "--backend", "local"]
+    result = runner.invoke(app, [*base, *args])
+    assert result.exit_code == 2, result.output
+    assert words in result.stderr
+
+
+class Reached(Exception):
+    """Raised by a spy once it has seen what a command handed down."""
+
+
+def test_shadow_options_reach_pd_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[float, Fault | None]] = []
+
+    def gloo(jobs: list[RankJob], *args: object, **kwargs: object) -> None:
+        seen.extend((job.shadow_rate, job.fault) for job in jobs)
+        raise Reached
+
+    monkeypatch.setattr(pd_mod, "run_jobs_on_gloo", gloo)
+    args = ["pd", str(LONG), "--cp-size", "2", "--page-size", "4", "--shadow-rate", "0.25"]
+    result = runner.invoke(app, [*args, "--inject-fault", "3"])
+    assert isinstance(result.exception, Reached), result.output
+    assert seen == [(0.25, parse_fault("3"))]
+
+
+def test_pd_report_carries_the_shadow_summary() -> None:
+    report = PdReport(2, (), (), summarize(1.0, "5:drop", [], 0))
+    assert report.to_json()["shadow"]["fault"] == "5:drop"
+    assert "shadow" not in PdReport(2, ()).to_json()
