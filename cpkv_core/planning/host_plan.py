@@ -278,6 +278,7 @@ def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> Ho
             "att_key_lo": key_cu[:-1],
             "att_seq": seq[attended_index],
             **writes,
+            "write_first": np.cumsum(writes["write_count"]) - writes["write_count"],
             "send_pages": send_pages,
             "last_tokens": last_tokens,
             "last_ranks": last_ranks,

@@ -65,7 +65,7 @@ def _arange(n: int, like: Tensor) -> Tensor:
     return torch.arange(n, dtype=torch.int64, device=like.device)
 
 
-def _runs(t: _Tables, starts: Tensor, counts: Tensor, n: int) -> tuple[Tensor, Tensor]:
+def _runs(starts: Tensor, counts: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """``(run of each element, offset in its run)`` of ``n`` elements in runs of ``counts``."""
     run = torch.repeat_interleave(_arange(len(counts), counts), counts, output_size=n)
     return run, _arange(n, counts) - starts[run]
@@ -74,7 +74,7 @@ def _runs(t: _Tables, starts: Tensor, counts: Tensor, n: int) -> tuple[Tensor, T
 def _split_tokens(plan: HostPlan, t: _Tables) -> tuple[Tensor, Tensor]:
     """``(batch token g of every rank's rows rank-major, its all-gather row)``."""
     counts = t["seg_count"]
-    seg, offset = _runs(t, t["seg_first"], counts, plan.num_tokens)
+    seg, offset = _runs(t["seg_first"], counts, plan.num_tokens)
     tokens = t["seg_g0"][seg] + t["seg_stride"][seg] * offset
     rows = t["seg_rank"][seg] * plan.max_local + t["seg_row0"][seg] + offset
     return tokens, rows
@@ -82,7 +82,7 @@ def _split_tokens(plan: HostPlan, t: _Tables) -> tuple[Tensor, Tensor]:
 
 def _key_rows(plan: HostPlan, t: _Tables) -> Tensor:
     att_seq = t["att_seq"]
-    which, positions = _runs(t, t["att_key_lo"], att_seq, plan.num_keys)
+    which, positions = _runs(t["att_key_lo"], att_seq, plan.num_keys)
     request = t["att_req"][which]
     if plan.key_source is KeySource.CURRENT:
         return t["cu_extend"][request] + positions
@@ -103,9 +103,7 @@ def expand(plan: HostPlan, packed: Tensor, vocab_size: int) -> BatchTensors:
     )
     request = request_of_token[local]
     positions = t["prefix_lens"][request] + local - cu_extend[request]
-    run, offset = _runs(
-        t, torch.cumsum(t["write_count"], 0) - t["write_count"], t["write_count"], plan.num_written
-    )
+    run, offset = _runs(t["write_first"], t["write_count"], plan.num_written)
     ps = plan.page_size
     send_pages = t["send_pages"]
     return BatchTensors(

@@ -29,12 +29,6 @@ class KVRows:
             self.index_k_scale.index_select(0, index),
         )
 
-    def rows(self, start: int, end: int) -> KVRows:
-        """Rows ``[start, end)``, as views."""
-        return KVRows(
-            self.latent[start:end], self.index_k[start:end], self.index_k_scale[start:end]
-        )
-
 
 def index_k_torch_dtype(dtype: IndexKDtype) -> torch.dtype:
     """The torch dtype that stores index K for ``dtype``."""
