@@ -50,7 +50,7 @@ def _two_batches() -> list[BatchSpec]:
     ]
 
 
-@pytest.mark.parametrize("level", [0, 2, 3, 5])
+@pytest.mark.parametrize("level", [0, 1, 2, 3, 4, 5])
 def test_run_step_makes_no_host_sync(level: int) -> None:
     """Under ``set_sync_debug_mode("error")`` any op that waits for the device raises."""
     deploy = make_deploy(2, 4)
@@ -59,19 +59,39 @@ def test_run_step_makes_no_host_sync(level: int) -> None:
     steps = [loop.step(b) for b in batches]
 
     def body(comm: Communicator) -> int:
+        # NOTE: the sync debug mode is per process and the local ranks are threads, so it is
+        # switched on once every rank has built its engine (weights are copied in with syncs)
+        # and off once every rank is done.
         engine = CPEngine(TINY, deploy, comm, 64, steps[0].decision.plan.kv_layout, device=CUDA)
-        for step in steps:
-            host = engine.host_plan(step.scheduled, step.decision.plan)
-            packed = upload(host, CUDA)
+        torch.cuda.synchronize()
+        comm.barrier()
+        if comm.rank == 0:
             torch.cuda.set_sync_debug_mode("error")
-            try:
+        comm.barrier()
+        try:
+            for step in steps:
+                host = engine.host_plan(step.scheduled, step.decision.plan)
+                packed = upload(host, CUDA)
                 engine.run_step(host, expand(host, packed, TINY.vocab_size))
-            finally:
+        finally:
+            comm.barrier()
+            if comm.rank == 0:
                 torch.cuda.set_sync_debug_mode("default")
         torch.cuda.synchronize()
         return len(steps)
 
     assert run_local(2, body) == [2, 2]
+
+
+def test_the_sync_debug_mode_catches_a_host_read() -> None:
+    """The guard above can fail: a host read of a device value raises under it."""
+    value = torch.ones(4, device=CUDA)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchronizing"):
+            value.sum().item()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_run_step_replays_in_a_cuda_graph_for_a_second_batch() -> None:
