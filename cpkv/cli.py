@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn, TypeVar
 
 import typer
 from rich.markup import escape
@@ -24,6 +24,7 @@ from cpkv.devices import Device, check_device
 from cpkv.dry_run import dry_run_levels
 from cpkv.explain import explain_trace
 from cpkv.help_text import tidy_help
+from cpkv.launchers import LauncherOpt, dist_backend, refuse_torchrun, torchrun_worker
 from cpkv.out_dir import out_option, print_written
 from cpkv.pd import PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
@@ -34,11 +35,12 @@ from cpkv.report import (
     render_pd,
     render_phases,
 )
-from cpkv.runner import Backend, BatchProgress
+from cpkv.runner import Backend, BatchProgress, run_jobs_in_group
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.shadow_report import FaultOpt, ShadowRateOpt, parse_fault, shadow_summary
-from cpkv.verify import VerifyReport, verify_levels
+from cpkv.verify import VerifyReport, verify_job, verify_levels, verify_runs
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
+from cpkv_core.dist import TorchrunEnv, TorchrunGroup
 from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import Fault
 from cpkv_core.traces import Trace, load_trace
@@ -104,6 +106,41 @@ def _runnable_model(name: str) -> ModelConfig:
     return model
 
 
+R = TypeVar("R")
+
+
+def _levels(settings: RunSettings) -> list[int]:
+    return [
+        lv
+        for lv in levels_of(settings.enabled)
+        if settings.ceiling is None or lv <= settings.ceiling
+    ]
+
+
+def _with_progress(
+    show: bool,
+    description: str,
+    total: int,
+    run: Callable[[Callable[[BatchProgress], None] | None], R],
+) -> R:
+    """``run(on_progress)``, with a progress bar of ``total`` batches on stderr if ``show``."""
+    if not show:
+        return run(None)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=True) as progress:
+        task = progress.add_task(description, total=total)
+
+        def advance(_: BatchProgress) -> None:
+            progress.advance(task)
+
+        return run(advance)
+
+
 def _run_verify(
     trace: Trace,
     model: ModelConfig,
@@ -114,11 +151,7 @@ def _run_verify(
     fault: Fault | None = None,
 ) -> VerifyReport:
     deploy = settings.deploy
-    levels = [
-        lv
-        for lv in levels_of(settings.enabled)
-        if settings.ceiling is None or lv <= settings.ceiling
-    ]
+    levels = _levels(settings)
 
     def run(on_progress: Callable[[BatchProgress], None] | None) -> VerifyReport:
         return verify_levels(
@@ -136,22 +169,56 @@ def _run_verify(
             fault,
         )
 
-    if not show_progress:
-        return run(None)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
+    description = f"levels {', '.join(map(str, levels))} on {deploy.cp_size} {backend} ranks"
+    return _with_progress(show_progress, description, len(trace.batches) * len(levels), run)
+
+
+def _verify_on_torchrun(
+    worker: TorchrunEnv,
+    trace: Trace,
+    model: ModelConfig,
+    settings: RunSettings,
+    device: Device,
+    fault: Fault | None,
+    as_json: bool,
+) -> NoReturn:
+    """This process is one rank torchrun started: run the rank body, and on rank 0 compare
+    with the reference and print the report; every rank exits with rank 0's code."""
+    levels = _levels(settings)
+    job = verify_job(
+        model,
+        settings.deploy,
+        trace.batches,
+        levels,
+        settings.enabled,
+        settings.debug_checks,
+        settings.ceiling,
+        str(device),
+        settings.shadow_rate,
+        fault,
     )
-    with Progress(*columns, console=err, transient=True) as progress:
-        description = f"levels {', '.join(map(str, levels))} on {deploy.cp_size} {backend} ranks"
-        task = progress.add_task(description, total=len(trace.batches) * len(levels))
+    backend = dist_backend(device)
+    with TorchrunGroup(worker, backend) as group:
+        show = not as_json and group.rank == 0
+        description = f"levels {', '.join(map(str, levels))} on {group.world_size} torchrun ranks"
+        total = len(trace.batches) * len(levels)
+        runs = _with_progress(
+            show, description, total, lambda p: run_jobs_in_group(group, [job], p)
+        )
+        code = 1
+        try:
+            if runs is not None:
+                report = verify_runs(job, runs[0])
 
-        def advance(_: BatchProgress) -> None:
-            progress.advance(task)
+                def render() -> None:
+                    render_verify_table(out, report, settings.deploy)
+                    _print_shadow(report)
 
-        return run(advance)
+                emit(as_json, report.to_json(), render)
+                code = 0 if report.ok else 1
+        finally:
+            code = group.share_exit_code(code if runs is not None else None)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -169,6 +236,7 @@ def verify(
     device: DeviceOpt = Device.CPU,
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
+    launcher: LauncherOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run TRACE on CP ranks at every level 0..highest enabled phase and compare every batch
@@ -185,11 +253,15 @@ def verify(
             index_k_dtype,
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
+            launcher=launcher,
         )
         fault = parse_fault(inject_fault)
         model = _runnable_model(model_name)
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
+        worker = torchrun_worker(settings.launcher, backend, settings.deploy.cp_size, device)
+    if worker is not None:
+        _verify_on_torchrun(worker, trace, model, settings, device, fault, as_json)
     if device is Device.META:
         _dry_run_exit(settings.deploy, trace, as_json, settings)
     report = _run_verify(trace, model, settings, backend, not as_json, device, fault)
@@ -312,6 +384,7 @@ def bench(
         flags = resolve_flags().flags  # the debug checks and their warning come from the env
         trace = demo_trace(page_size) if trace_path is None else load_trace(trace_path, page_size)
         check_device(device)
+        refuse_torchrun("cpkv bench", flags.launcher)
     if device is Device.META:
         _dry_run_exit(deploy, trace, as_json)
     warning = debug_benchmark_warning(flags)
@@ -363,6 +436,7 @@ def demo(
         fault = parse_fault(inject_fault)
         trace = demo_trace(page_size)
         check_device(device)
+        refuse_torchrun("cpkv demo", flags.launcher)
     if device is Device.META:
         _dry_run_exit(deploy, trace, as_json)
     settings = RunSettings(
@@ -460,6 +534,7 @@ def pd(
         fault = parse_fault(inject_fault)
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
+        refuse_torchrun("cpkv pd", settings.launcher)
         if device is Device.CUDA:
             raise BadInput(
                 "cpkv pd --device cuda needs Mooncake's CUDA build to register GPU pools; the "
@@ -537,3 +612,7 @@ tidy_help(app)  # NOTE: last, so that it sees every command registered above
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+if __name__ == "__main__":
+    main()
