@@ -26,7 +26,7 @@ from cpkv.explain import explain_trace
 from cpkv.help_text import tidy_help
 from cpkv.launchers import LauncherOpt, dist_backend, refuse_torchrun, torchrun_worker
 from cpkv.out_dir import out_option, print_written
-from cpkv.pd import PdJob, PdReport, run_pd
+from cpkv.pd import PdHosts, PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
 from cpkv.report import (
     render_bench,
@@ -440,7 +440,14 @@ def demo(
     if device is Device.META:
         _dry_run_exit(deploy, trace, as_json)
     settings = RunSettings(
-        deploy, frozenset(REGISTERED_PHASES), None, flags.debug_cp_shared_kv, rate
+        deploy,
+        frozenset(REGISTERED_PHASES),
+        None,
+        flags.debug_cp_shared_kv,
+        rate,
+        flags.launcher,
+        flags.pd_host,
+        flags.pd_local_host,
     )
     if not as_json:
         tokens = sum(b.num_tokens for b in trace.batches)
@@ -488,7 +495,8 @@ def _run_pd(
 ) -> PdReport:
     with err.status(f"prefill on {settings.deploy.cp_size} gloo ranks, transfer to decode"):
         job = _pd_job(trace, settings, fault)
-        (report,), _ = run_pd(model_preset("tiny"), [job], timeout_s, retries)
+        hosts = PdHosts(settings.pd_host, settings.pd_local_host)
+        (report,), _ = run_pd(model_preset("tiny"), [job], timeout_s, retries, hosts=hosts)
     return report
 
 
@@ -515,10 +523,19 @@ def pd(
     device: DeviceOpt = Device.CPU,
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
+    pd_host: Annotated[
+        str | None,
+        typer.Option(
+            "--pd-host",
+            metavar="HOST",
+            help="Address the decode server listens on and is reached at. Default: the flags "
+            "(127.0.0.1).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Prefill TRACE on CP ranks at the highest enabled level and send every request to a
-    non-CP decode process over Mooncake (TCP loopback). Checks the rebuilt KV byte for byte
+    non-CP decode process over Mooncake (TCP, at --pd-host). Checks the rebuilt KV byte for byte
     and one decode step against the reference; exit 0 only when every request checks out.
     --device meta: a dry run of the prefill."""
     with bad_input_exits():
@@ -530,6 +547,7 @@ def pd(
             cp_mode,
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
+            pd_host=pd_host,
         )
         fault = parse_fault(inject_fault)
         trace = load_trace(trace_path, settings.deploy.page_size)
