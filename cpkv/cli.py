@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar
+from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cpkv import docgen, flag_commands, plan_command, trace_command
 from cpkv.batch_tables import (
@@ -28,6 +28,7 @@ from cpkv.launchers import LauncherOpt, dist_backend, refuse_torchrun, torchrun_
 from cpkv.out_dir import out_option, print_written
 from cpkv.pd import PdHosts, PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
+from cpkv.progress import with_progress
 from cpkv.report import (
     render_bench,
     render_dry_run,
@@ -35,12 +36,12 @@ from cpkv.report import (
     render_pd,
     render_phases,
 )
-from cpkv.runner import Backend, BatchProgress, run_jobs_in_group
+from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.shadow_report import FaultOpt, ShadowRateOpt, parse_fault, shadow_summary
-from cpkv.verify import VerifyReport, verify_job, verify_levels, verify_runs
+from cpkv.torchrun_verify import verify_on_torchrun
+from cpkv.verify import VerifyReport, verify_job, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
-from cpkv_core.dist import TorchrunEnv, TorchrunGroup
 from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import Fault
 from cpkv_core.traces import Trace, load_trace
@@ -106,39 +107,12 @@ def _runnable_model(name: str) -> ModelConfig:
     return model
 
 
-R = TypeVar("R")
-
-
 def _levels(settings: RunSettings) -> list[int]:
     return [
         lv
         for lv in levels_of(settings.enabled)
         if settings.ceiling is None or lv <= settings.ceiling
     ]
-
-
-def _with_progress(
-    show: bool,
-    description: str,
-    total: int,
-    run: Callable[[Callable[[BatchProgress], None] | None], R],
-) -> R:
-    """``run(on_progress)``, with a progress bar of ``total`` batches on stderr if ``show``."""
-    if not show:
-        return run(None)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err, transient=True) as progress:
-        task = progress.add_task(description, total=total)
-
-        def advance(_: BatchProgress) -> None:
-            progress.advance(task)
-
-        return run(advance)
 
 
 def _run_verify(
@@ -170,55 +144,12 @@ def _run_verify(
         )
 
     description = f"levels {', '.join(map(str, levels))} on {deploy.cp_size} {backend} ranks"
-    return _with_progress(show_progress, description, len(trace.batches) * len(levels), run)
+    return with_progress(show_progress, description, len(trace.batches) * len(levels), run)
 
 
-def _verify_on_torchrun(
-    worker: TorchrunEnv,
-    trace: Trace,
-    model: ModelConfig,
-    settings: RunSettings,
-    device: Device,
-    fault: Fault | None,
-    as_json: bool,
-) -> NoReturn:
-    """This process is one rank torchrun started: run the rank body, and on rank 0 compare
-    with the reference and print the report; every rank exits with rank 0's code."""
-    levels = _levels(settings)
-    job = verify_job(
-        model,
-        settings.deploy,
-        trace.batches,
-        levels,
-        settings.enabled,
-        settings.debug_checks,
-        settings.ceiling,
-        str(device),
-        settings.shadow_rate,
-        fault,
-    )
-    backend = dist_backend(device)
-    with TorchrunGroup(worker, backend) as group:
-        show = not as_json and group.rank == 0
-        description = f"levels {', '.join(map(str, levels))} on {group.world_size} torchrun ranks"
-        total = len(trace.batches) * len(levels)
-        runs = _with_progress(
-            show, description, total, lambda p: run_jobs_in_group(group, [job], p)
-        )
-        code = 1
-        try:
-            if runs is not None:
-                report = verify_runs(job, runs[0])
-
-                def render() -> None:
-                    render_verify_table(out, report, settings.deploy)
-                    _print_shadow(report)
-
-                emit(as_json, report.to_json(), render)
-                code = 0 if report.ok else 1
-        finally:
-            code = group.share_exit_code(code if runs is not None else None)
-    raise typer.Exit(code)
+def _render_verify(report: VerifyReport, deploy: DeploymentConfig) -> None:
+    render_verify_table(out, report, deploy)
+    _print_shadow(report)
 
 
 @app.command()
@@ -261,16 +192,24 @@ def verify(
         check_device(device)
         worker = torchrun_worker(settings.launcher, backend, settings.deploy.cp_size, device)
     if worker is not None:
-        _verify_on_torchrun(worker, trace, model, settings, device, fault, as_json)
+        job = verify_job(
+            model,
+            settings.deploy,
+            trace.batches,
+            _levels(settings),
+            settings.enabled,
+            settings.debug_checks,
+            settings.ceiling,
+            str(device),
+            settings.shadow_rate,
+            fault,
+        )
+        render = partial(_render_verify, deploy=settings.deploy)
+        verify_on_torchrun(worker, job, dist_backend(device), as_json, render)
     if device is Device.META:
         _dry_run_exit(settings.deploy, trace, as_json, settings)
     report = _run_verify(trace, model, settings, backend, not as_json, device, fault)
-
-    def render() -> None:
-        render_verify_table(out, report, settings.deploy)
-        _print_shadow(report)
-
-    emit(as_json, report.to_json(), render)
+    emit(as_json, report.to_json(), lambda: _render_verify(report, settings.deploy))
     raise typer.Exit(0 if report.ok else 1)
 
 
