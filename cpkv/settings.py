@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, Launcher
 from flags import FlagError, ProblemCode, check_flags, resolve_flags
 from phases.ids import PhaseId, parse_phase_list
 
@@ -17,6 +17,7 @@ VALUE_PROBLEMS = frozenset(
         ProblemCode.MAX_PHASE_OUT_OF_RANGE,
         ProblemCode.CP_MIN_TOKENS_BELOW_ZERO,
         ProblemCode.SHADOW_RATE_OUT_OF_RANGE,
+        ProblemCode.PD_HOST_INVALID,
     }
 )
 """Problems that make a run meaningless; combination problems are the gate's to report."""
@@ -32,6 +33,12 @@ class RunSettings:
     debug_checks: bool
     shadow_rate: float = 0.0
     """Share of batches shadow-verified (``--shadow-rate``)."""
+    launcher: Launcher = Launcher.AUTO
+    """What starts the CP ranks (``--launcher``)."""
+    pd_host: str = "127.0.0.1"
+    """Where the PD decode server listens and is reached (``--pd-host``)."""
+    pd_local_host: str = "127.0.0.1"
+    """What this node's prefill ranks name their Mooncake sessions by (``--pd-local-host``)."""
 
 
 def resolve_run(
@@ -43,11 +50,14 @@ def resolve_run(
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
     cp_min_tokens: int | None = None,
     shadow_rate: float | None = None,
+    launcher: Launcher | None = None,
+    pd_host: str | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
     ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set;
-    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``.
+    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``; ``launcher`` is ``--launcher``;
+    ``pd_host`` is ``--pd-host``.
 
     Raises:
         ValueError: a malformed config, environment variable, option or phase list.
@@ -63,6 +73,10 @@ def resolve_run(
         cli["nsa_prefill_cp_min_tokens"] = cp_min_tokens
     if shadow_rate is not None:
         cli["shadow_rate"] = shadow_rate
+    if launcher is not None:
+        cli["launcher"] = launcher
+    if pd_host is not None:
+        cli["pd_host"] = pd_host
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:
@@ -72,5 +86,12 @@ def resolve_run(
     )
     enabled = parse_phase_list(phases) if phases is not None else flags.enabled_phases()
     return RunSettings(
-        deploy, enabled, flags.max_phase, flags.debug_cp_shared_kv, flags.shadow_rate
+        deploy,
+        enabled,
+        flags.max_phase,
+        flags.debug_cp_shared_kv,
+        flags.shadow_rate,
+        flags.launcher,
+        flags.pd_host,
+        flags.pd_local_host,
     )

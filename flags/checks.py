@@ -27,6 +27,9 @@ class ProblemCode(StrEnum):
     """``CPKV_MAX_PHASE`` is set outside 0..5."""
     SHADOW_RATE_OUT_OF_RANGE = "SHADOW_RATE_OUT_OF_RANGE"
     """``--shadow-rate`` is outside 0..1."""
+    PD_HOST_INVALID = "PD_HOST_INVALID"
+    """``--pd-host`` or ``--pd-local-host`` is empty, holds whitespace, or names every
+    interface (``0.0.0.0``, ``::``): peers need one address to reach."""
     PHASE_WITHOUT_CP = "PHASE_WITHOUT_CP"
     """A phase flag is on while ``--enable-nsa-prefill-context-parallel`` is off."""
     NEEDS_DISABLED = "NEEDS_DISABLED"
@@ -132,6 +135,21 @@ def _value_problems(flags: FlagSet) -> list[Problem]:
         hint = "set --shadow-rate to a share of batches in 0..1"
         code = ProblemCode.SHADOW_RATE_OUT_OF_RANGE
         problems.append(Problem(code, (("shadow_rate", str(flags.shadow_rate)),), hint))
+    problems += _host_problems(flags)
+    return problems
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*", "[::]"})
+"""Addresses that mean every interface: a listener must bind one, and a peer cannot dial them."""
+
+
+def _host_problems(flags: FlagSet) -> list[Problem]:
+    problems = []
+    for name in ("pd_host", "pd_local_host"):
+        host: str = getattr(flags, name)
+        if not host or any(c.isspace() for c in host) or host in WILDCARD_HOSTS:
+            hint = f"set {FLAG_SPECS[name].cli} to this machine's address or host name"
+            problems.append(Problem(ProblemCode.PD_HOST_INVALID, ((name, repr(host)),), hint))
     return problems
 
 
