@@ -38,7 +38,14 @@ from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.shadow_report import FaultOpt, ShadowRateOpt, parse_fault, shadow_summary
 from cpkv.verify import VerifyReport, verify_levels
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
+from cpkv_core.config import (
+    CpMode,
+    DeploymentConfig,
+    IndexKDtype,
+    MaterializeMode,
+    ModelConfig,
+    model_preset,
+)
 from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import Fault
 from cpkv_core.traces import Trace, load_trace
@@ -80,6 +87,14 @@ CpMinTokensOpt = Annotated[
         metavar="N",
         help="Batches with fewer current tokens run unsplit (CP off for them); 0: always "
         "split. Default: the flags (0).",
+    ),
+]
+MaterializeOpt = Annotated[
+    MaterializeMode | None,
+    typer.Option(
+        "--materialize",
+        help="How sharded reads build their view: gather (a collective) or peer-read (owners' "
+        "pools in shared memory, ranks on one host). Default: the flags (gather).",
     ),
 ]
 BackendOpt = Annotated[
@@ -163,6 +178,7 @@ def verify(
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
+    materialize: MaterializeOpt = None,
     backend: BackendOpt = Backend.GLOO,
     model_name: ModelOpt = "tiny",
     index_k_dtype: IndexDtypeOpt = IndexKDtype.FP8_E4M3,
@@ -185,6 +201,7 @@ def verify(
             index_k_dtype,
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
+            materialize=materialize,
         )
         fault = parse_fault(inject_fault)
         model = _runnable_model(model_name)
@@ -427,6 +444,7 @@ def pd(
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
+    materialize: MaterializeOpt = None,
     timeout: Annotated[
         float,
         typer.Option(
@@ -456,6 +474,7 @@ def pd(
             cp_mode,
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
+            materialize=materialize,
         )
         fault = parse_fault(inject_fault)
         trace = load_trace(trace_path, settings.deploy.page_size)

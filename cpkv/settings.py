@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, MaterializeMode
 from flags import FlagError, ProblemCode, check_flags, resolve_flags
 from phases.ids import PhaseId, parse_phase_list
 
@@ -43,11 +43,12 @@ def resolve_run(
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
     cp_min_tokens: int | None = None,
     shadow_rate: float | None = None,
+    materialize: MaterializeMode | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
     ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set;
-    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``.
+    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``; ``materialize`` is ``--materialize``.
 
     Raises:
         ValueError: a malformed config, environment variable, option or phase list.
@@ -63,6 +64,8 @@ def resolve_run(
         cli["nsa_prefill_cp_min_tokens"] = cp_min_tokens
     if shadow_rate is not None:
         cli["shadow_rate"] = shadow_rate
+    if materialize is not None:
+        cli["materialize"] = materialize
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:

@@ -45,6 +45,18 @@ class TransferBackend(StrEnum):
     FAKE = "fake"
 
 
+class MaterializeMode(StrEnum):
+    """How a sharded rank builds the view of the history pages a batch reads."""
+
+    GATHER = "gather"
+    """All-gather every page the batch reads; each owner pads its slots to the busiest
+    owner's count."""
+    PEER_READ = "peer-read"
+    """Read history pages straight from the owners' pools mapped in this host's shared
+    memory (one host only): no collective, no padding; the current chunk keeps its
+    all-gather."""
+
+
 class WeightDtype(StrEnum):
     """Storage of a checkpoint's linear-layer weights, as published."""
 
@@ -277,6 +289,9 @@ class DeploymentConfig(BaseModel):
     cp_min_tokens: int = Field(default=0, ge=0)
     """Batches with fewer current tokens than this run unsplit: every CP rank computes every
     token (the ``none`` split); 0 means every batch is split."""
+    materialize: MaterializeMode = MaterializeMode.GATHER
+    """How sharded reads build their view: ``gather`` (a collective) or ``peer-read``
+    (owners' pools in shared memory; every rank on one host)."""
 
     @property
     def pd_backend(self) -> TransferBackend | None:

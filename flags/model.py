@@ -7,7 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from cpkv_core.config import CpMode, DeploymentConfig, DisaggregationMode, TransferBackend
+from cpkv_core.config import (
+    CpMode,
+    DeploymentConfig,
+    DisaggregationMode,
+    MaterializeMode,
+    TransferBackend,
+)
 from phases.ids import PhaseId
 
 
@@ -44,6 +50,9 @@ class FlagSet(BaseModel):
     """Phase 4 (needs 2): cut the zigzag split at page boundaries; in-seq-split only."""
     enable_nsa_prefill_cp_compute_owner_write: bool = False
     """Phase 5 (needs 4): each rank writes the KV it computed straight into its own pool."""
+    materialize: MaterializeMode = MaterializeMode.GATHER
+    """How sharded reads (phase 2) build their view: gather (all-gather every page read) or
+    peer-read (history pages from the owners' pools in shared memory; ranks on one host)."""
     disaggregation_mode: DisaggregationMode = DisaggregationMode.NULL
     """PD role of this server: null (no PD), prefill or decode."""
     disaggregation_transfer_backend: TransferBackend = TransferBackend.MOONCAKE
@@ -104,6 +113,7 @@ class FlagSet(BaseModel):
             transfer_backend=self.disaggregation_transfer_backend,
             decode_cp_size=self.disaggregation_decode_cp_size,
             cp_min_tokens=self.nsa_prefill_cp_min_tokens,
+            materialize=self.materialize,
         )
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.config import DeploymentConfig, MaterializeMode, ModelConfig
 from cpkv_core.dist.comm import Communicator
 from cpkv_core.planning import (
     ExecutionPlan,
@@ -48,6 +48,7 @@ from cpkv_core.runtime.model import (
 )
 from cpkv_core.runtime.outputs import RankBatchOutput, ShadowOutcome
 from cpkv_core.runtime.shadow import ShadowPlan, run_shadowed
+from cpkv_core.runtime.shared_pools import SharedPools, open_shared_pools
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +110,20 @@ class CPEngine:
         pool_pages = (
             num_pages if kv_layout is KvLayout.REPLICATED else -(-num_pages // deploy.cp_size)
         )
-        self.pool = PagedKVPool(
-            cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
-        )
+        self.peers: SharedPools | None = None
+        """Every rank's pool as this rank maps it (peer-read on a sharded layout)."""
+        if deploy.materialize is MaterializeMode.PEER_READ:
+            # NOTE: every level checks the one-host contract, so a replicated level 0
+            # refuses a deployment that peer-read could not serve later.
+            shared = open_shared_pools(
+                comm, cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
+            )
+            self.peers = shared if kv_layout is KvLayout.SHARDED else None
+            self.pool = shared.pool
+        else:
+            self.pool = PagedKVPool(
+                cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
+            )
         self.debug = DebugChecks(self) if debug_checks else None
         self.fault: Fault | None = fault
         self.requests: dict[str, ScheduledRequest] = {}
@@ -126,7 +138,7 @@ class CPEngine:
                 f"batch {batch.batch}: plan writes a {plan.kv_layout} layout into a "
                 f"{self.kv_layout} pool, indicates a bug in the gate (KV at rest cannot change)"
             )
-        return build_host_plan(batch, plan, self.comm.rank)
+        return build_host_plan(batch, plan, self.comm.rank, peer_read=self.peers is not None)
 
     def run_batch(
         self,
@@ -141,6 +153,8 @@ class CPEngine:
         """
         start = time.perf_counter()
         before = self._gathered_bytes()
+        if self.peers is not None:
+            self.peers.batch_start()
         if shadow is None:
             host, tensors, step = self.run_plan(batch, plan)
             served = Served(host, tensors, step)
@@ -200,7 +214,14 @@ class CPEngine:
             source = own if host.write_from_local else current
             write_rows(self.pool, layer_index, source, tensors.write_source, tensors.write_dest)
             keys = key_source(
-                self.comm, self.pool, layer_index, host.key_source, tensors.send_rows, current
+                self.comm,
+                self.pool,
+                layer_index,
+                host.key_source,
+                tensors.send_rows,
+                current,
+                self.peers.peers if self.peers is not None else (),
+                host.peer_view.owner_rows if host.peer_view is not None else (),
             )
             if reads is not None:
                 reads.append(keys.select(tensors.key_rows))
