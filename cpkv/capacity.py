@@ -9,7 +9,8 @@ Per rank, in order:
 2. **KV pool** = ``gpu x mem_fraction_static - weights`` (:mod:`cpkv.memory_budget`);
 3. **level >= 2 scratch**: the materialization buffers of one layer, taken from the pool
    (:func:`scratch_tokens`): under ``gather`` the send slots plus the gathered view, padded
-   to the busiest owner; under ``peer-read`` the view alone, unpadded;
+   to the busiest owner; under ``peer-read`` the view alone, unpadded; twice that with
+   ``materialize_prefetch`` (two buffers alternate by layer);
 4. **tokens** = pool // ``B`` rounded down to whole pages, ``B`` being one token's bytes
    over all layers (:mod:`cpkv.kv_bytes`).
 
@@ -124,6 +125,7 @@ class CapacityPlan:
             "kv_cache_dtype": str(self.inputs.kv_cache_dtype),
             "max_view_tokens": self.inputs.max_view_tokens,
             "materialize": str(self.inputs.materialize),
+            "materialize_prefetch": self.inputs.materialize_prefetch,
             "max_context_len": self.max_context_len,
             "memory": self.budget.to_json(),
             "weights": self.weights.to_json(),
@@ -223,14 +225,15 @@ def _sharded(
     inputs: PlanInputs, pool: int, per_layer: int, model: ModelConfig, cp: int
 ) -> LevelCapacity:
     per_token, view = per_layer * model.num_layers, inputs.max_view_tokens
-    rows = scratch_tokens(view, cp, inputs.page_size, inputs.materialize)
+    buffers = 2 if inputs.materialize_prefetch else 1
+    rows = buffers * scratch_tokens(view, cp, inputs.page_size, inputs.materialize)
     scratch = rows * per_layer
     tokens = _whole_pages(pool - scratch, per_token, inputs.page_size)
     if tokens == 0:
         raise ValueError(
             f"the KV pool per rank ({_gib(pool)} after weights) does not cover the level >= 2 "
             f"materialization scratch ({rows} tokens x {per_layer} B, one layer, "
-            f"{inputs.materialize}) plus one "
+            f"{inputs.materialize}, {buffers} buffer(s)) plus one "
             f"page; raise --gpu-mem-gib or --mem-fraction-static, or lower --max-view-tokens"
         )
     limits = {

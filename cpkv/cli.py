@@ -97,6 +97,14 @@ MaterializeOpt = Annotated[
         "pools in shared memory, ranks on one host). Default: the flags (gather).",
     ),
 ]
+PrefetchOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--materialize-prefetch/--no-materialize-prefetch",
+        help="Fetch layer l+1's history view while layer l computes (a second view buffer). "
+        "Default: the flags (off).",
+    ),
+]
 BackendOpt = Annotated[
     Backend, typer.Option("--backend", help="gloo: one process per rank; local: threads.")
 ]
@@ -179,6 +187,7 @@ def verify(
     cp_mode: CpModeOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
     materialize: MaterializeOpt = None,
+    materialize_prefetch: PrefetchOpt = None,
     backend: BackendOpt = Backend.GLOO,
     model_name: ModelOpt = "tiny",
     index_k_dtype: IndexDtypeOpt = IndexKDtype.FP8_E4M3,
@@ -202,6 +211,7 @@ def verify(
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
             materialize=materialize,
+            materialize_prefetch=materialize_prefetch,
         )
         fault = parse_fault(inject_fault)
         model = _runnable_model(model_name)
@@ -445,6 +455,7 @@ def pd(
     cp_mode: CpModeOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
     materialize: MaterializeOpt = None,
+    materialize_prefetch: PrefetchOpt = None,
     timeout: Annotated[
         float,
         typer.Option(
@@ -475,6 +486,7 @@ def pd(
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
             materialize=materialize,
+            materialize_prefetch=materialize_prefetch,
         )
         fault = parse_fault(inject_fault)
         trace = load_trace(trace_path, settings.deploy.page_size)

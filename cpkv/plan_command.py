@@ -106,6 +106,14 @@ def plan_command(
             "peer-read (the view alone). Default: gather.",
         ),
     ] = None,
+    materialize_prefetch: Annotated[
+        bool | None,
+        typer.Option(
+            "--materialize-prefetch",
+            help="Count a second view buffer: layer l+1's view is fetched while layer l "
+            "computes. Default: off.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     out_dir: Annotated[
         Path | None, out_option("plan.json, capacity.json (cp 1-8) and capacity.png")
@@ -127,6 +135,7 @@ def plan_command(
         "page_size": page_size,
         "max_view_tokens": max_view_tokens,
         "materialize": materialize,
+        "materialize_prefetch": materialize_prefetch,
     }
     with bad_input_exits():
         imported = read_sglang_plan(from_sglang) if from_sglang is not None else None

@@ -50,3 +50,5 @@ class PlanInputs(BaseModel):
     materialize: MaterializeMode = MaterializeMode.GATHER
     """How the view is built: gather (send slots plus a view padded to the busiest owner)
     or peer-read (the view alone, no padding)."""
+    materialize_prefetch: bool = False
+    """Layer l+1's view is fetched while layer l computes: a second view buffer."""

@@ -96,7 +96,8 @@ def render_plan(console: Console, plan: CapacityPlan, document: dict[str, Any]) 
         console,
         f"level >= 2 holds {plan.capacity_gain:.2f}x the tokens of level 0 "
         f"(cp_size={layout.cp_size}); scratch = {_scratch_tokens(plan):,} tokens "
-        f"({plan.inputs.max_view_tokens:,}-token view, {plan.inputs.materialize}) "
+        f"({plan.inputs.max_view_tokens:,}-token view, {plan.inputs.materialize}"
+        f"{', two buffers' if plan.inputs.materialize_prefetch else ''}) "
         f"x {plan.bytes_per_token_per_layer:,} B (one layer)",
     )
     longest = ", ".join(

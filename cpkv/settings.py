@@ -44,11 +44,13 @@ def resolve_run(
     cp_min_tokens: int | None = None,
     shadow_rate: float | None = None,
     materialize: MaterializeMode | None = None,
+    materialize_prefetch: bool | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
     ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set;
-    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``; ``materialize`` is ``--materialize``.
+    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``; ``materialize`` is ``--materialize``
+    and ``materialize_prefetch`` ``--materialize-prefetch``.
 
     Raises:
         ValueError: a malformed config, environment variable, option or phase list.
@@ -66,6 +68,8 @@ def resolve_run(
         cli["shadow_rate"] = shadow_rate
     if materialize is not None:
         cli["materialize"] = materialize
+    if materialize_prefetch is not None:
+        cli["materialize_prefetch"] = materialize_prefetch
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:

@@ -292,6 +292,8 @@ class DeploymentConfig(BaseModel):
     materialize: MaterializeMode = MaterializeMode.GATHER
     """How sharded reads build their view: ``gather`` (a collective) or ``peer-read``
     (owners' pools in shared memory; every rank on one host)."""
+    materialize_prefetch: bool = False
+    """Fetch layer l+1's history view while layer l computes (two key buffers)."""
 
     @property
     def pd_backend(self) -> TransferBackend | None:

@@ -53,6 +53,8 @@ class FlagSet(BaseModel):
     materialize: MaterializeMode = MaterializeMode.GATHER
     """How sharded reads (phase 2) build their view: gather (all-gather every page read) or
     peer-read (history pages from the owners' pools in shared memory; ranks on one host)."""
+    materialize_prefetch: bool = False
+    """Fetch layer l+1's history view while layer l computes; costs a second view buffer."""
     disaggregation_mode: DisaggregationMode = DisaggregationMode.NULL
     """PD role of this server: null (no PD), prefill or decode."""
     disaggregation_transfer_backend: TransferBackend = TransferBackend.MOONCAKE
@@ -114,6 +116,7 @@ class FlagSet(BaseModel):
             decode_cp_size=self.disaggregation_decode_cp_size,
             cp_min_tokens=self.nsa_prefill_cp_min_tokens,
             materialize=self.materialize,
+            materialize_prefetch=self.materialize_prefetch,
         )
 
 

@@ -451,6 +451,7 @@ def test_json_document_round_trips_with_stable_keys() -> None:
         "kv_cache_dtype",
         "max_view_tokens",
         "materialize",
+        "materialize_prefetch",
         "max_context_len",
         "memory",
         "weights",
@@ -488,3 +489,6 @@ def test_plan_counts_the_smaller_peer_read_scratch() -> None:
     assert peer["levels"][1]["scratch_bytes_per_rank"] == 131072 * 1284
     assert gather["levels"][1]["scratch_bytes_per_rank"] == 147456 * 1284
     assert peer["levels"][1]["tokens_per_rank"] > gather["levels"][1]["tokens_per_rank"]
+    doubled = plan_json(*args, "--materialize", "peer-read", "--materialize-prefetch")
+    assert doubled["materialize_prefetch"] is True
+    assert doubled["levels"][1]["scratch_bytes_per_rank"] == 2 * 131072 * 1284

@@ -11,6 +11,7 @@ output size known here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -112,8 +113,13 @@ class HostPlan:
 
     @property
     def history_tokens(self) -> int:
-        """Rows of the peer-read history view (0 without one); the current rows follow."""
-        return 0 if self.peer_view is None else self.peer_view.view_tokens
+        """Rows of the history view of a ``history+current`` read (0 otherwise); the current
+        rows follow them in the key buffer."""
+        if self.peer_view is not None:
+            return self.peer_view.view_tokens
+        if self.key_source is KeySource.HISTORY_AND_CURRENT and self.view is not None:
+            return self.view.view_tokens
+        return 0
 
     def table(self, name: str) -> IntArray:
         """The host copy of one table (tests and debug checks)."""
@@ -224,8 +230,20 @@ class _Read:
     pages read, owner by owner, in view order."""
 
 
+def _history(batch: ScheduledBatch) -> npt.NDArray[np.bool_]:
+    """Per page-table entry of the batch: it holds history."""
+    table_lens = np.asarray([len(r.page_table) for r in batch.requests], np.int64)
+    prefix = np.asarray(batch.prefix_lens, np.int64)
+    return history_entries(table_lens, prefix, batch.page_size)
+
+
 def _read(
-    batch: ScheduledBatch, plan: ExecutionPlan, rank: int, flat: IntArray, peer_read: bool
+    batch: ScheduledBatch,
+    plan: ExecutionPlan,
+    rank: int,
+    flat: IntArray,
+    peer_read: bool,
+    history_view: bool,
 ) -> _Read:
     empty = np.empty(0, np.int64)
     if plan.kv_read is KvReadStrategy.LOCAL_POOL:
@@ -239,19 +257,24 @@ def _read(
         return _Read(KeySource.CURRENT, None, None, empty, empty)
     unique = plan.kv_read is KvReadStrategy.MATERIALIZED_UNIQUE
     if peer_read:
-        table_lens = np.asarray([len(r.page_table) for r in batch.requests], np.int64)
-        prefix = np.asarray(batch.prefix_lens, np.int64)
-        history = history_entries(table_lens, prefix, batch.page_size)
-        peer = peer_view_plan(flat, history, batch.page_size, batch.cp_size, unique)
+        peer = peer_view_plan(flat, _history(batch), batch.page_size, batch.cp_size, unique)
         return _Read(
             KeySource.HISTORY_AND_CURRENT, None, peer, peer.entry_rows, peer.physical_pages
         )
     build = unique_view_plan if unique else slot_view_plan
-    view = build(flat, batch.page_size, batch.cp_size)
+    if history_view:
+        entries = np.flatnonzero(_history(batch))
+        view = build(flat[entries], batch.page_size, batch.cp_size)
+        key_base = np.zeros(len(flat), np.int64)
+        key_base[entries] = view.entry_rows
+        view = dataclasses.replace(view, entry_rows=key_base)
+    else:
+        view = build(flat, batch.page_size, batch.cp_size)
     send = np.zeros(view.max_pages, np.int64)
     mine = local_page(view.pages_by_owner[rank], batch.cp_size)
     send[: len(mine)] = mine
-    return _Read(KeySource.VIEW, view, None, view.entry_rows, send)
+    source = KeySource.HISTORY_AND_CURRENT if history_view else KeySource.VIEW
+    return _Read(source, view, None, view.entry_rows, send)
 
 
 def _last_tokens(
@@ -267,10 +290,17 @@ def _last_tokens(
 
 
 def build_host_plan(
-    batch: ScheduledBatch, plan: ExecutionPlan, rank: int, peer_read: bool = False
+    batch: ScheduledBatch,
+    plan: ExecutionPlan,
+    rank: int,
+    peer_read: bool = False,
+    history_view: bool = False,
 ) -> HostPlan:
-    """The ``HostPlan`` of ``batch`` on ``rank`` under ``plan``'s strategies; ``peer_read``
-    turns a view read into history pages read from the owners' pools plus current rows."""
+    """The ``HostPlan`` of ``batch`` on ``rank`` under ``plan``'s strategies.
+
+    A view read becomes ``[history view ; current rows]`` with ``peer_read`` (history pages
+    read from the owners' pools, unpadded) or ``history_view`` (history pages gathered into
+    padded slots, so a layer's view can be fetched ahead of its compute)."""
     cp = batch.cp_size
     extend = np.asarray(batch.extend_lens, np.int64)
     prefix = np.asarray(batch.prefix_lens, np.int64)
@@ -291,7 +321,7 @@ def build_host_plan(
         AttendedRequest(int(i), int(row_bounds[i]), int(row_bounds[i + 1]), int(k0), int(k1))
         for i, k0, k1 in zip(attended_index, key_cu[:-1], key_cu[1:], strict=True)
     )
-    read = _read(batch, plan, rank, flat, peer_read)
+    read = _read(batch, plan, rank, flat, peer_read, history_view)
     writes = _write_runs(batch, plan, rank, _current_pages(batch, cu_extend, flat, table_cu), segs)
     last_tokens = cu_extend[1:] - 1
     last_ranks, last_rows, local_last = _last_tokens(segs, rank, last_tokens)
