@@ -24,6 +24,13 @@ from phases import PhaseId
 LEVEL = int(PhaseId.SHARDED_KV)
 """The figure's level: sharded KV, every read through a view."""
 MODES = (MaterializeMode.GATHER, MaterializeMode.PEER_READ)
+VARIANTS = (
+    (MaterializeMode.GATHER, False),
+    (MaterializeMode.PEER_READ, False),
+    (MaterializeMode.GATHER, True),
+)
+"""``(materialize, prefetch)`` of each job of a round: ``peer_read`` compares the first two,
+``overlap`` (``bench_overlap``) the first and the third."""
 
 
 def history_heavy_trace(
@@ -43,17 +50,18 @@ def history_heavy_trace(
     return tuple(batches)
 
 
-def peer_read_jobs(
+def materialize_jobs(
     model: ModelConfig, deploy: DeploymentConfig, repeats: int, device: str = "cpu"
 ) -> list[RankJob]:
-    """A warm-up round and ``repeats`` rounds, each one job per mode, modes alternating."""
+    """A warm-up round and ``repeats`` rounds, each one job per ``VARIANTS`` entry, in
+    turn, so drift hits every variant alike."""
     batches = history_heavy_trace(deploy.page_size)
     pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
     enabled = frozenset({PhaseId.SHARDED_KV})
     return [
         RankJob(
             model,
-            deploy.model_copy(update={"materialize": mode}),
+            deploy.model_copy(update={"materialize": mode, "materialize_prefetch": prefetch}),
             batches,
             (LEVEL,),
             pages,
@@ -61,8 +69,13 @@ def peer_read_jobs(
             device=device,
         )
         for _ in range(repeats + 1)
-        for mode in MODES
+        for mode, prefetch in VARIANTS
     ]
+
+
+def variant_runs(runs: Sequence[LevelRun], variant: int) -> list[LevelRun]:
+    """The runs of ``VARIANTS[variant]`` among :func:`materialize_jobs`'s, warm-up first."""
+    return list(runs[variant :: len(VARIANTS)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +131,8 @@ def _copied_rows(host: HostPlan) -> int:
 def peer_read_figure(
     model: ModelConfig, runs: Sequence[LevelRun], deploy: DeploymentConfig
 ) -> list[PeerReadBatch]:
-    """Per batch, from :func:`peer_read_jobs`'s runs (one level run per job, in order)."""
-    by_mode: dict[MaterializeMode, list[LevelRun]] = {mode: [] for mode in MODES}
-    for i, run in enumerate(runs):
-        by_mode[MODES[i % len(MODES)]].append(run)
+    """Per batch, from :func:`materialize_jobs`'s runs (one level run per job, in order)."""
+    by_mode = {mode: variant_runs(runs, i) for i, mode in enumerate(MODES)}
     per_row = kv_bytes_per_token(model, deploy.index_k_dtype) * model.num_layers
     rows = []
     for i, step in enumerate(by_mode[MaterializeMode.GATHER][-1].steps):

@@ -1,4 +1,5 @@
-"""The ``peer_read`` table of ``cpkv bench``: gather vs peer-read at level 2, per batch."""
+"""The ``peer_read`` and ``overlap`` tables of ``cpkv bench``: gather vs peer-read per batch,
+and exposed materialization time without and with prefetch, at level 2."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.table import Table
 
+from cpkv.bench_overlap import OverlapFigure
 from cpkv.bench_peer_read import PeerReadBatch
 
 
@@ -41,3 +43,19 @@ def render_peer_read(console: Console, rows: Sequence[PeerReadBatch], cp_size: i
             f"{row.time_ratio:.2f}",
         )
     console.print(table)
+
+
+def render_overlap(console: Console, figure: OverlapFigure) -> None:
+    """Exposed materialization and step time of the trace, without and with prefetch."""
+    table = Table(
+        title=f"level 2 gather on {figure.cp_size} gloo ranks, {figure.batches} batches: "
+        "exposed materialization without vs with prefetch (median)"
+    )
+    for name in ("prefetch", "exposed s", "step s"):
+        table.add_column(name, justify="right")
+    for label, exposed, step in zip(
+        ("off", "on"), figure.exposed_seconds, figure.step_seconds, strict=True
+    ):
+        table.add_row(label, f"{exposed:.4f}", f"{step:.4f}")
+    console.print(table)
+    console.print(f"exposed with / without prefetch: {figure.exposed_ratio:.2f}", highlight=False)

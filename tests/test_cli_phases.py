@@ -181,6 +181,11 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
         assert 0 < row["peer_read"]["copied_bytes"] < row["gather"]["copied_bytes"]
         assert row["time_ratio"] > 0
     assert [row["history_tokens"] > 0 for row in peer["batches"]] == [False, True, True, True]
+    overlap = doc["overlap"]
+    assert (overlap["level"], overlap["materialize"], overlap["batches"]) == (2, "gather", 4)
+    for mode in ("without_prefetch", "with_prefetch"):
+        assert overlap[mode]["step_seconds"] > overlap[mode]["exposed_seconds"] > 0
+    assert overlap["exposed_ratio"] > 0
 
 
 def test_explain_chooses_phase_5_for_long_requests_and_explains_the_rest() -> None:
