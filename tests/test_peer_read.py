@@ -77,30 +77,19 @@ def test_history_view_holds_each_history_page_once_per_slot_without_padding(
         assert in_view[view.entry_rows[entry] // page_size] == flat[entry]
 
 
-def outputs_equal_bitwise(a: VerifyReport, b: VerifyReport) -> None:
-    assert a.ok and b.ok
-    for level_a, level_b in zip(a.levels, b.levels, strict=True):
-        for row_a, row_b in zip(level_a.rows, level_b.rows, strict=True):
-            assert row_a.comparison == row_b.comparison, (level_a.level, row_a.batch)
-
-
 @pytest.mark.parametrize(
     ("cp_size", "page_size", "cp_mode"),
     [(2, 4, CpMode.IN_SEQ_SPLIT), (3, 1, CpMode.ROUND_ROBIN_SPLIT)],
 )
-def test_every_level_equals_gather_and_the_reference_bitwise_on_local_ranks(
+def test_every_level_equals_the_reference_bitwise_on_local_ranks(
     cp_size: int, page_size: int, cp_mode: CpMode
 ) -> None:
-    deploy = make_deploy(cp_size, page_size, cp_mode)
-    gathered, peer = run(deploy), run(peer_read(deploy))
-    outputs_equal_bitwise(gathered, peer)
+    peer = run(peer_read(make_deploy(cp_size, page_size, cp_mode)))
+    assert peer.ok
     for level in peer.levels:
-        assert level.max_abs_diff == 0.0, level.level
         for row in level.rows:
             assert row.comparison.topk_equal and row.comparison.max_abs_diff == 0.0
             assert "materialize" not in row.gathered_bytes_by_tag, (level.level, row.batch)
-    history_rows = [r for r in gathered.levels[2].rows if r.batch_plan.phase == 2]
-    assert any(r.gathered_bytes_by_tag.get("materialize", 0) > 0 for r in history_rows)
 
 
 def test_debug_checks_pass_with_peer_read() -> None:
