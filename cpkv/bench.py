@@ -37,7 +37,9 @@ from cpkv.bench_kv import (
     step_times,
     write_path_bytes,
 )
+from cpkv.bench_overlap import OverlapFigure, overlap_figure
 from cpkv.bench_pd import PdBytes, bench_pd
+from cpkv.bench_peer_read import PeerReadBatch, materialize_jobs, peer_read_figure
 from cpkv.loop import HostLoop
 from cpkv.runner import Backend, RankJob, run_jobs_on_gloo, run_levels
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
@@ -194,6 +196,8 @@ class BenchReport:
     step_time_cp_size: int
     cp_off: CpOffFigure
     warnings: list[str]
+    peer_read: list[PeerReadBatch]
+    overlap: OverlapFigure
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of ``cpkv bench --json``."""
@@ -233,6 +237,13 @@ class BenchReport:
                 "levels": [asdict(row) for row in self.step_time],
             },
             "cp_off": self.cp_off.to_json(),
+            "peer_read": {
+                "level": 2,
+                "cp_size": self.step_time_cp_size,
+                "backend": "gloo",
+                "batches": [row.to_json() for row in self.peer_read],
+            },
+            "overlap": self.overlap.to_json(),
         }
 
 
@@ -268,14 +279,20 @@ def run_bench(
     min_tokens = default_min_tokens(batches) if cp_min_tokens is None else cp_min_tokens
     step(f"CP off: bytes of batches below {min_tokens} tokens, CP on vs off")
     off_bytes = cp_off_bytes(model, deploy, batches, min_tokens, device=device)
-    step(f"step time of levels 0-5, and CP on vs off by batch size, on {deploy.cp_size} gloo ranks")
+    step(
+        f"step time of levels 0-5, CP on vs off by batch size, gather vs peer-read, and "
+        f"prefetch off vs on, on {deploy.cp_size} gloo ranks"
+    )
     levels = tuple(range(6))
     step_job = step_time_job(model, deploy, batches, levels, repeats, debug_checks, device)
     off_jobs = cp_off_time_jobs(model, deploy, repeats, levels[-1], device=device)
-    # NOTE: one gloo group for both timings: a spawn costs seconds.
-    group_runs = run_jobs_on_gloo([step_job, *off_jobs])
+    view_jobs = materialize_jobs(model, deploy, repeats, device)
+    # NOTE: one gloo group for every timing: a spawn costs seconds.
+    group_runs = run_jobs_on_gloo([step_job, *off_jobs, *view_jobs])
     times, runs = step_times(levels, repeats, group_runs[0])
-    off_times = cp_off_times(off_jobs, group_runs[1:])
+    off_end = 1 + len(off_jobs)
+    off_times = cp_off_times(off_jobs, group_runs[1:off_end])
+    view_runs = [job_runs[0] for job_runs in group_runs[off_end:]]
     page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, deploy.page_size)
     step(f"PD: {deploy.cp_size} prefill ranks -> decode over Mooncake loopback")
     pd = bench_pd(model, deploy, batches, (0, 2, 5))
@@ -294,4 +311,6 @@ def run_bench(
         step_time_cp_size=deploy.cp_size,
         cp_off=CpOffFigure(min_tokens, deploy.cp_size, off_bytes, off_times, levels[-1]),
         warnings=list(warnings),
+        peer_read=peer_read_figure(model, view_runs, deploy),
+        overlap=overlap_figure(view_runs, deploy.cp_size),
     )

@@ -7,8 +7,10 @@ Per rank, in order:
 1. **weights** (:mod:`cpkv.weights`): the preset's parameter counts placed as SGLang
    places them for ``tp_size``, ``ep_size``, ``dp_attention`` and ``cp_size``;
 2. **KV pool** = ``gpu x mem_fraction_static - weights`` (:mod:`cpkv.memory_budget`);
-3. **level >= 2 scratch**: the full-view materialization buffer, one layer's bytes for
-   ``max_view_tokens`` tokens, taken from the pool;
+3. **level >= 2 scratch**: the materialization buffers of one layer, taken from the pool
+   (:func:`scratch_tokens`): under ``gather`` the send slots plus the gathered view, padded
+   to the busiest owner; under ``peer-read`` the view alone, unpadded; twice that with
+   ``materialize_prefetch`` (two buffers alternate by layer);
 4. **tokens** = pool // ``B`` rounded down to whole pages, ``B`` being one token's bytes
    over all layers (:mod:`cpkv.kv_bytes`).
 
@@ -26,7 +28,7 @@ from cpkv.kv_bytes import kv_bytes_per_token_per_layer
 from cpkv.memory_budget import MemoryBudget, memory_budget, sglang_default_chunk_and_graph_bs
 from cpkv.plan_inputs import PlanInputs
 from cpkv.weights import ParallelLayout, RankWeights, parallel_layout, weights_per_rank
-from cpkv_core.config import ModelConfig, WeightDtype, model_preset
+from cpkv_core.config import MaterializeMode, ModelConfig, WeightDtype, model_preset
 from phases import PhaseId
 
 REPLICATED_LEVEL = 0
@@ -122,6 +124,8 @@ class CapacityPlan:
             "gpu_mem_gib": self.inputs.gpu_mem_gib,
             "kv_cache_dtype": str(self.inputs.kv_cache_dtype),
             "max_view_tokens": self.inputs.max_view_tokens,
+            "materialize": str(self.inputs.materialize),
+            "materialize_prefetch": self.inputs.materialize_prefetch,
             "max_context_len": self.max_context_len,
             "memory": self.budget.to_json(),
             "weights": self.weights.to_json(),
@@ -202,16 +206,34 @@ def _replicated(pool: int, per_token: int, page: int, context: int) -> LevelCapa
     return LevelCapacity(REPLICATED_LEVEL, float(per_token), 0, pool, tokens, tokens, *longest)
 
 
+def scratch_tokens(
+    view_tokens: int, cp_size: int, page_size: int, materialize: MaterializeMode
+) -> int:
+    """Token rows of one layer's level >= 2 scratch for a view of ``view_tokens`` tokens.
+
+    ``gather``: each owner sends ``max_pages = ceil(pages / cp_size)`` page slots and every
+    rank receives ``cp_size x max_pages`` of them, so ``(cp_size + 1) x max_pages`` pages.
+    ``peer-read``: the pages read, unpadded, and no send slots.
+    """
+    pages = -(-view_tokens // page_size)
+    if materialize is MaterializeMode.PEER_READ:
+        return pages * page_size
+    return (cp_size + 1) * -(-pages // cp_size) * page_size
+
+
 def _sharded(
     inputs: PlanInputs, pool: int, per_layer: int, model: ModelConfig, cp: int
 ) -> LevelCapacity:
     per_token, view = per_layer * model.num_layers, inputs.max_view_tokens
-    scratch = view * per_layer
+    buffers = 2 if inputs.materialize_prefetch else 1
+    rows = buffers * scratch_tokens(view, cp, inputs.page_size, inputs.materialize)
+    scratch = rows * per_layer
     tokens = _whole_pages(pool - scratch, per_token, inputs.page_size)
     if tokens == 0:
         raise ValueError(
             f"the KV pool per rank ({_gib(pool)} after weights) does not cover the level >= 2 "
-            f"materialization scratch ({view} view tokens x {per_layer} B, one layer) plus one "
+            f"materialization scratch ({rows} tokens x {per_layer} B, one layer, "
+            f"{inputs.materialize}, {buffers} buffer(s)) plus one "
             f"page; raise --gpu-mem-gib or --mem-fraction-static, or lower --max-view-tokens"
         )
     limits = {

@@ -41,7 +41,14 @@ from cpkv.settings import RunSettings, resolve_run
 from cpkv.shadow_report import FaultOpt, ShadowRateOpt, parse_fault, shadow_summary
 from cpkv.torchrun_verify import verify_on_torchrun
 from cpkv.verify import VerifyReport, verify_job, verify_levels
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
+from cpkv_core.config import (
+    CpMode,
+    DeploymentConfig,
+    IndexKDtype,
+    MaterializeMode,
+    ModelConfig,
+    model_preset,
+)
 from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import Fault
 from cpkv_core.traces import Trace, load_trace
@@ -83,6 +90,22 @@ CpMinTokensOpt = Annotated[
         metavar="N",
         help="Batches with fewer current tokens run unsplit (CP off for them); 0: always "
         "split. Default: the flags (0).",
+    ),
+]
+MaterializeOpt = Annotated[
+    MaterializeMode | None,
+    typer.Option(
+        "--materialize",
+        help="How sharded reads build their view: gather (a collective) or peer-read (owners' "
+        "pools in shared memory, ranks on one host). Default: the flags (gather).",
+    ),
+]
+PrefetchOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--materialize-prefetch/--no-materialize-prefetch",
+        help="Fetch layer l+1's history view while layer l computes (a second view buffer). "
+        "Default: the flags (off).",
     ),
 ]
 BackendOpt = Annotated[
@@ -161,6 +184,8 @@ def verify(
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
+    materialize: MaterializeOpt = None,
+    materialize_prefetch: PrefetchOpt = None,
     backend: BackendOpt = Backend.GLOO,
     model_name: ModelOpt = "tiny",
     index_k_dtype: IndexDtypeOpt = IndexKDtype.FP8_E4M3,
@@ -185,6 +210,8 @@ def verify(
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
             launcher=launcher,
+            materialize=materialize,
+            materialize_prefetch=materialize_prefetch,
         )
         fault = parse_fault(inject_fault)
         model = _runnable_model(model_name)
@@ -448,6 +475,8 @@ def pd(
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
+    materialize: MaterializeOpt = None,
+    materialize_prefetch: PrefetchOpt = None,
     timeout: Annotated[
         float,
         typer.Option(
@@ -487,6 +516,8 @@ def pd(
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
             pd_host=pd_host,
+            materialize=materialize,
+            materialize_prefetch=materialize_prefetch,
         )
         fault = parse_fault(inject_fault)
         trace = load_trace(trace_path, settings.deploy.page_size)

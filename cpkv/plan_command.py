@@ -22,7 +22,7 @@ from cpkv.out_dir import out_option, print_written
 from cpkv.plan_inputs import PlanInputs
 from cpkv.plan_render import render_plan
 from cpkv.sglang_plan import SglangPlanArgs, read_sglang_plan
-from cpkv_core.config import MODEL_PRESETS, WeightDtype
+from cpkv_core.config import MODEL_PRESETS, MaterializeMode, WeightDtype
 
 MODEL_CHOICES = "|".join(MODEL_PRESETS)
 
@@ -98,6 +98,22 @@ def plan_command(
             help="Largest view one batch reads at level >= 2; sizes the scratch (default: 131072).",
         ),
     ] = None,
+    materialize: Annotated[
+        MaterializeMode | None,
+        typer.Option(
+            "--materialize",
+            help="How level >= 2 builds its view: gather (send slots + padded view) or "
+            "peer-read (the view alone). Default: gather.",
+        ),
+    ] = None,
+    materialize_prefetch: Annotated[
+        bool | None,
+        typer.Option(
+            "--materialize-prefetch",
+            help="Count a second view buffer: layer l+1's view is fetched while layer l "
+            "computes. Default: off.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     out_dir: Annotated[
         Path | None, out_option("plan.json, capacity.json (cp 1-8) and capacity.png")
@@ -118,6 +134,8 @@ def plan_command(
         "weight_dtype": weight_dtype,
         "page_size": page_size,
         "max_view_tokens": max_view_tokens,
+        "materialize": materialize,
+        "materialize_prefetch": materialize_prefetch,
     }
     with bad_input_exits():
         imported = read_sglang_plan(from_sglang) if from_sglang is not None else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from cpkv.kv_bytes import KvCacheDtype
-from cpkv_core.config import WeightDtype
+from cpkv_core.config import MaterializeMode, WeightDtype
 
 DEFAULT_PAGE_SIZE = 64
 """Tokens per KV page of the NSA models."""
@@ -47,3 +47,8 @@ class PlanInputs(BaseModel):
     """CUDA-graph batch SGLang's default reserve is sized for; None means SGLang's default."""
     max_view_tokens: int = DEFAULT_MAX_VIEW_TOKENS
     """Tokens of the largest view (history + current) one batch reads at level >= 2."""
+    materialize: MaterializeMode = MaterializeMode.GATHER
+    """How the view is built: gather (send slots plus a view padded to the busiest owner)
+    or peer-read (the view alone, no padding)."""
+    materialize_prefetch: bool = False
+    """Layer l+1's view is fetched while layer l computes: a second view buffer."""

@@ -95,7 +95,9 @@ def render_plan(console: Console, plan: CapacityPlan, document: dict[str, Any]) 
     _print(
         console,
         f"level >= 2 holds {plan.capacity_gain:.2f}x the tokens of level 0 "
-        f"(cp_size={layout.cp_size}); scratch = {plan.inputs.max_view_tokens:,} view tokens "
+        f"(cp_size={layout.cp_size}); scratch = {_scratch_tokens(plan):,} tokens "
+        f"({plan.inputs.max_view_tokens:,}-token view, {plan.inputs.materialize}"
+        f"{', two buffers' if plan.inputs.materialize_prefetch else ''}) "
         f"x {plan.bytes_per_token_per_layer:,} B (one layer)",
     )
     longest = ", ".join(
@@ -108,3 +110,7 @@ def render_plan(console: Console, plan: CapacityPlan, document: dict[str, Any]) 
         _print(console, f"note: {note}")
     if document.get("ignored_args"):
         _print(console, "ignored: " + " ".join(document["ignored_args"]))
+
+
+def _scratch_tokens(plan: CapacityPlan) -> int:
+    return plan.sharded.scratch_bytes_per_rank // plan.bytes_per_token_per_layer

@@ -15,6 +15,7 @@ from cpkv.explain import ExplainReport
 from cpkv.pd import PdReport
 from cpkv.phase_mix import render_phase_mix
 from cpkv.report_cp_off import render_cp_off
+from cpkv.report_peer_read import render_overlap, render_peer_read
 
 
 def human_bytes(num: float) -> str:
@@ -147,6 +148,8 @@ def render_bench(console: Console, report: BenchReport) -> None:
         steps.add_row(str(t.level), f"{t.seconds:.3f}", f"{t.ratio_to_level0:.2f}")
     console.print(steps)
     render_cp_off(console, report.cp_off)
+    render_peer_read(console, report.peer_read, report.step_time_cp_size)
+    render_overlap(console, report.overlap)
     pd = Table(title="PD: bytes each prefill rank sent for the trace (Mooncake, loopback)")
     for name in ("level", "bytes by rank", "busiest share", "MiB/s"):
         pd.add_column(name, justify="right")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, Launcher
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, Launcher, MaterializeMode
 from flags import FlagError, ProblemCode, check_flags, resolve_flags
 from phases.ids import PhaseId, parse_phase_list
 
@@ -52,12 +52,15 @@ def resolve_run(
     shadow_rate: float | None = None,
     launcher: Launcher | None = None,
     pd_host: str | None = None,
+    materialize: MaterializeMode | None = None,
+    materialize_prefetch: bool | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
     ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set;
     ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``; ``launcher`` is ``--launcher``;
-    ``pd_host`` is ``--pd-host``.
+    ``pd_host`` is ``--pd-host``; ``materialize`` is ``--materialize`` and
+    ``materialize_prefetch`` ``--materialize-prefetch``.
 
     Raises:
         ValueError: a malformed config, environment variable, option or phase list.
@@ -77,6 +80,10 @@ def resolve_run(
         cli["launcher"] = launcher
     if pd_host is not None:
         cli["pd_host"] = pd_host
+    if materialize is not None:
+        cli["materialize"] = materialize
+    if materialize_prefetch is not None:
+        cli["materialize_prefetch"] = materialize_prefetch
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:

@@ -57,6 +57,18 @@ class Launcher(StrEnum):
     ranks may span machines."""
 
 
+class MaterializeMode(StrEnum):
+    """How a sharded rank builds the view of the history pages a batch reads."""
+
+    GATHER = "gather"
+    """All-gather every page the batch reads; each owner pads its slots to the busiest
+    owner's count."""
+    PEER_READ = "peer-read"
+    """Read history pages straight from the owners' pools mapped in this host's shared
+    memory (one host only): no collective, no padding; the current chunk keeps its
+    all-gather."""
+
+
 class WeightDtype(StrEnum):
     """Storage of a checkpoint's linear-layer weights, as published."""
 
@@ -289,6 +301,11 @@ class DeploymentConfig(BaseModel):
     cp_min_tokens: int = Field(default=0, ge=0)
     """Batches with fewer current tokens than this run unsplit: every CP rank computes every
     token (the ``none`` split); 0 means every batch is split."""
+    materialize: MaterializeMode = MaterializeMode.GATHER
+    """How sharded reads build their view: ``gather`` (a collective) or ``peer-read``
+    (owners' pools in shared memory; every rank on one host)."""
+    materialize_prefetch: bool = False
+    """Fetch layer l+1's history view while layer l computes (two key buffers)."""
 
     @property
     def pd_backend(self) -> TransferBackend | None:

@@ -12,6 +12,7 @@ from cpkv_core.config import (
     DeploymentConfig,
     DisaggregationMode,
     Launcher,
+    MaterializeMode,
     TransferBackend,
 )
 from phases.ids import PhaseId
@@ -50,6 +51,11 @@ class FlagSet(BaseModel):
     """Phase 4 (needs 2): cut the zigzag split at page boundaries; in-seq-split only."""
     enable_nsa_prefill_cp_compute_owner_write: bool = False
     """Phase 5 (needs 4): each rank writes the KV it computed straight into its own pool."""
+    materialize: MaterializeMode = MaterializeMode.GATHER
+    """How sharded reads (phase 2) build their view: gather (all-gather every page read) or
+    peer-read (history pages from the owners' pools in shared memory; ranks on one host)."""
+    materialize_prefetch: bool = False
+    """Fetch layer l+1's history view while layer l computes; costs a second view buffer."""
     disaggregation_mode: DisaggregationMode = DisaggregationMode.NULL
     """PD role of this server: null (no PD), prefill or decode."""
     disaggregation_transfer_backend: TransferBackend = TransferBackend.MOONCAKE
@@ -116,6 +122,8 @@ class FlagSet(BaseModel):
             transfer_backend=self.disaggregation_transfer_backend,
             decode_cp_size=self.disaggregation_decode_cp_size,
             cp_min_tokens=self.nsa_prefill_cp_min_tokens,
+            materialize=self.materialize,
+            materialize_prefetch=self.materialize_prefetch,
         )
 
 

@@ -29,4 +29,10 @@ run verify_gloo cpkv verify tests/data/long.jsonl --phases all --cp-size 4 --pag
 run verify_torchrun_nccl "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
   -m cpkv.cli verify tests/data/mixed.jsonl --phases all --cp-size 1 --page-size 4 \
   --device cuda --json
+# NOTE: peer-read between gloo processes maps each rank's pool through CUDA IPC handles;
+# prefetch fetches the next layer's history view on a side stream.
+run verify_gloo_peer_read cpkv verify tests/data/long.jsonl --phases all --cp-size 4 \
+  --page-size 16 --backend gloo --device cuda --materialize peer-read --json
+run verify_gloo_prefetch cpkv verify tests/data/long.jsonl --phases all --cp-size 4 \
+  --page-size 16 --backend gloo --device cuda --materialize-prefetch --json
 exit $status

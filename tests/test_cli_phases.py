@@ -171,6 +171,21 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
     assert [row["tokens"] for row in sizes] == list(CP_OFF_SIZES)
     assert all(row["cp_on_seconds"] > 0 and row["cp_off_seconds"] > 0 for row in sizes)
     assert "cp-off-step-time" in {p.stem for p in tmp_path.glob("*.png")}
+    peer = doc["peer_read"]
+    assert peer["level"] == 2 and len(peer["batches"]) == 4
+    for row in peer["batches"]:
+        assert row["peer_read"]["materialize_bytes"] == 0 < row["gather"]["materialize_bytes"]
+        gather_bytes = row["gather"]["collective_bytes"]
+        others = {tag: b for tag, b in gather_bytes.items() if tag != "materialize"}
+        assert others == {t: b for t, b in row["peer_read"]["collective_bytes"].items() if b}
+        assert 0 < row["peer_read"]["copied_bytes"] < row["gather"]["copied_bytes"]
+        assert row["time_ratio"] > 0
+    assert [row["history_tokens"] > 0 for row in peer["batches"]] == [False, True, True, True]
+    overlap = doc["overlap"]
+    assert (overlap["level"], overlap["materialize"], overlap["batches"]) == (2, "gather", 4)
+    for mode in ("without_prefetch", "with_prefetch"):
+        assert overlap[mode]["step_seconds"] > overlap[mode]["exposed_seconds"] > 0
+    assert overlap["exposed_ratio"] > 0
 
 
 def test_explain_chooses_phase_5_for_long_requests_and_explains_the_rest() -> None:

@@ -60,12 +60,16 @@ def _expected_stats(world_size: int) -> dict[str, dict[str, int]]:
     stats = {}
     for name, dtype, shape in GRID:
         contributed = _rank_input(0, dtype, shape).numel() * dtype.itemsize
-        stats[name] = {
+        stats[name] = stats[f"{name}/async"] = {
             "calls": 1,
             "bytes_contributed": contributed,
             "bytes_gathered": world_size * contributed,
         }
     return stats
+
+
+ASYNC_INTO = frozenset({"f32", "fp8", "empty"})
+"""Grid entries whose async gather lands in a caller's buffer."""
 
 
 def grid_worker(comm: Communicator) -> dict[str, Any]:
@@ -74,9 +78,24 @@ def grid_worker(comm: Communicator) -> dict[str, Any]:
         name: comm.all_gather(_rank_input(comm.rank, dtype, shape), tag=name)
         for name, dtype, shape in GRID
     }
+    # NOTE: every async gather is in flight before the first wait.
+    handles = {
+        name: comm.all_gather_async(
+            _rank_input(comm.rank, dtype, shape),
+            f"{name}/async",
+            torch.empty((comm.world_size, *shape), dtype=dtype) if name in ASYNC_INTO else None,
+        )
+        for name, dtype, shape in GRID
+    }
+    in_flight = {name: handle.wait() for name, handle in handles.items()}
     comm.barrier()
     objects = comm.gather_objects({"rank": comm.rank})
-    return {"gathered": gathered, "stats": comm.stats.as_dict(), "objects": objects}
+    return {
+        "gathered": gathered,
+        "async": in_flight,
+        "stats": comm.stats.as_dict(),
+        "objects": objects,
+    }
 
 
 def spawn_grid_worker(comm: Communicator) -> dict[str, Any]:
@@ -109,6 +128,7 @@ def _check_grid_results(results: list[dict[str, Any]], world_size: int) -> None:
     for rank, result in enumerate(results):
         for name, dtype, shape in GRID:
             _assert_same(result["gathered"][name], _expected_gather(world_size, dtype, shape))
+            _assert_same(result["async"][name], _expected_gather(world_size, dtype, shape))
         assert result["stats"] == _expected_stats(world_size)
         expected_objects = [{"rank": r} for r in range(world_size)] if rank == 0 else None
         assert result["objects"] == expected_objects

@@ -11,7 +11,7 @@ import torch
 from cpkv.loop import HostLoop
 from cpkv.runner import Backend
 from cpkv.verify import verify_levels
-from cpkv_core.config import model_preset
+from cpkv_core.config import MaterializeMode, model_preset
 from cpkv_core.dist import Communicator, LocalGroup, run_local
 from cpkv_core.planning import (
     BatchSpec,
@@ -39,6 +39,26 @@ CUDA = torch.device("cuda")
 def test_every_level_equals_the_reference_on_cuda(trace: str, cp_size: int, page_size: int) -> None:
     deploy = make_deploy(cp_size, page_size)
     batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
+    report = verify_levels(TINY, deploy, batches, levels_of(ALL), ALL, Backend.LOCAL, device="cuda")
+    assert report.ok, [(lv.level, lv.max_abs_diff) for lv in report.levels]
+
+
+@pytest.mark.parametrize(
+    ("materialize", "prefetch"),
+    [
+        (MaterializeMode.PEER_READ, False),
+        (MaterializeMode.GATHER, True),
+        (MaterializeMode.PEER_READ, True),
+    ],
+)
+def test_peer_read_and_prefetch_equal_the_reference_on_cuda(
+    materialize: MaterializeMode, prefetch: bool
+) -> None:
+    """In-process ranks share pools by reference; prefetch fetches on a side stream."""
+    deploy = make_deploy(4, 16).model_copy(
+        update={"materialize": materialize, "materialize_prefetch": prefetch}
+    )
+    batches = load_trace(DATA / "long.jsonl", 16).batches
     report = verify_levels(TINY, deploy, batches, levels_of(ALL), ALL, Backend.LOCAL, device="cuda")
     assert report.ok, [(lv.level, lv.max_abs_diff) for lv in report.levels]
 

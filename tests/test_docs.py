@@ -43,6 +43,11 @@ COVERED = {
     "cpkv pd tests/data/mixed.jsonl --phases all --cp-size 2 --page-size 4 --json": (
         "tests/test_cli.py::test_pd_json_round_trips"
     ),
+    "cpkv verify tests/data/mixed.jsonl --phases all --cp-size 2 --page-size 4 --materialize "
+    "peer-read --backend gloo --json": (
+        "tests/test_peer_read.py::"
+        "test_verify_peer_read_on_gloo_is_ok_at_every_level_with_no_history_collective"
+    ),
     "cpkv verify tests/data/mixed.jsonl --phases all --cp-size 4 --page-size 4 --device meta": (
         "tests/test_cli.py::test_verify_on_meta_runs_every_level_on_shapes_alone"
     ),

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cpkv.capacity import plan_capacity
+from cpkv.capacity import plan_capacity, scratch_tokens
 from cpkv.cli import app
 from cpkv.plan_inputs import PlanInputs
-from cpkv_core.config import model_preset
+from cpkv_core.config import MaterializeMode, model_preset
 
 runner = CliRunner()
 
@@ -146,7 +146,9 @@ def test_deepseek_v32_tp8_cp8_on_h200_counts_weights_and_keeps_the_gain() -> Non
     assert doc["memory"]["static_bytes"] == static
     pool = static - weights
     level0 = pool // DSV32_PER_TOKEN // PAGE * PAGE
-    sharded = (pool - 131072 * DSV32_PER_LAYER) // DSV32_PER_TOKEN // PAGE * PAGE
+    # NOTE: the gather scratch: 2,048 view pages, 256 slots per owner, 8 x 256 received
+    # plus 256 sent.
+    sharded = (pool - 9 * 256 * PAGE * DSV32_PER_LAYER) // DSV32_PER_TOKEN // PAGE * PAGE
     assert [lv["tokens_per_rank"] for lv in doc["levels"]] == [level0, sharded]
     weight_free = 141 * GIB * 85 // 100 // DSV32_PER_TOKEN // PAGE * PAGE
     assert weight_free == 1_643_008
@@ -405,7 +407,7 @@ def test_rejects_bad_input_with_exit_2_and_the_reason(args: list[str], words: st
 
 def test_rejects_a_pool_that_does_not_cover_the_scratch() -> None:
     # NOTE: 88.7 GiB static less 88.66 GiB of weights leaves ~41 MiB: more than a page
-    # (64 x 78,324 B = 4.8 MiB), less than the scratch (131072 x 1,284 B = 160.5 MiB).
+    # (64 x 78,324 B = 4.8 MiB), less than the scratch (147,456 x 1,284 B = 180.6 MiB).
     stderr = bad_input_stderr(
         "--model",
         "deepseek-v3.2",
@@ -448,6 +450,8 @@ def test_json_document_round_trips_with_stable_keys() -> None:
         "gpu_mem_gib",
         "kv_cache_dtype",
         "max_view_tokens",
+        "materialize",
+        "materialize_prefetch",
         "max_context_len",
         "memory",
         "weights",
@@ -459,8 +463,32 @@ def test_json_document_round_trips_with_stable_keys() -> None:
         "sources",
     ]
     assert doc["bytes_per_token_all_layers"] == DSV32_PER_LAYER * 78
-    assert doc["levels"][1]["scratch_bytes_per_rank"] == 65536 * DSV32_PER_LAYER
+    # NOTE: gather: 2,048 pages over 4 owners, 512 slots each: 4 x 512 received + 512 sent.
+    assert doc["levels"][1]["scratch_bytes_per_rank"] == 5 * 512 * 32 * DSV32_PER_LAYER
     assert all(level["tokens_per_rank"] % 32 == 0 for level in doc["levels"])
     memory = doc["memory"]
     assert memory["static_bytes"] + memory["reserve_bytes"] == memory["gpu_bytes"]
     assert json.loads(json.dumps(doc)) == doc
+
+
+@pytest.mark.parametrize(
+    ("view", "cp", "gather_tokens", "peer_read_tokens"),
+    [(131072, 8, 147456, 131072), (100, 4, 5 * 1 * 64, 128), (64 * 9, 8, 9 * 2 * 64, 9 * 64)],
+)
+def test_peer_read_scratch_has_no_send_slots_and_no_padding(
+    view: int, cp: int, gather_tokens: int, peer_read_tokens: int
+) -> None:
+    assert scratch_tokens(view, cp, 64, MaterializeMode.GATHER) == gather_tokens
+    assert scratch_tokens(view, cp, 64, MaterializeMode.PEER_READ) == peer_read_tokens
+
+
+def test_plan_counts_the_smaller_peer_read_scratch() -> None:
+    args = ("--model", "deepseek-v3.2", "--cp-size", "8", "--tp-size", "8", "--gpu-mem-gib", "141")
+    gather, peer = plan_json(*args), plan_json(*args, "--materialize", "peer-read")
+    assert (gather["materialize"], peer["materialize"]) == ("gather", "peer-read")
+    assert peer["levels"][1]["scratch_bytes_per_rank"] == 131072 * 1284
+    assert gather["levels"][1]["scratch_bytes_per_rank"] == 147456 * 1284
+    assert peer["levels"][1]["tokens_per_rank"] > gather["levels"][1]["tokens_per_rank"]
+    doubled = plan_json(*args, "--materialize", "peer-read", "--materialize-prefetch")
+    assert doubled["materialize_prefetch"] is True
+    assert doubled["levels"][1]["scratch_bytes_per_rank"] == 2 * 131072 * 1284

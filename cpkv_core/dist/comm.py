@@ -24,6 +24,7 @@ from torch import Tensor
 
 __all__ = [
     "CollectiveStats",
+    "GatherHandle",
     "CommStats",
     "Communicator",
     "TorchDistCommunicator",
@@ -86,6 +87,26 @@ class CommStats:
         self.by_tag.clear()
 
 
+class GatherHandle:
+    """An all-gather in flight: ``wait()`` blocks until it completes and returns its result.
+
+    Holds the input and output tensors until then, so neither is freed under the transfer.
+    """
+
+    def __init__(
+        self, work: dist.Work | None, out: Tensor, dtype: torch.dtype, wire: Tensor
+    ) -> None:
+        self._work, self._out, self._dtype, self._wire = work, out, dtype, wire
+
+    def wait(self) -> Tensor:
+        """``[world_size, *shape]``, row ``r`` from rank ``r`` (the ``out`` given, if any)."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+        out = self._out
+        return out.view(self._dtype) if out.dtype != self._dtype else out
+
+
 class Communicator(Protocol):
     """Collectives over one group of ranks; ``rank`` and ``world_size`` are group-local."""
 
@@ -103,6 +124,13 @@ class Communicator(Protocol):
         Returns:
             A new tensor ``[world_size, *shape]``, row ``r`` from rank ``r``.
         """
+        ...
+
+    def all_gather_async(self, tensor: Tensor, tag: str, out: Tensor | None = None) -> GatherHandle:
+        """Starts ``all_gather(tensor, tag)`` and returns at once with its handle; every rank
+        issues its async gathers in the same order. ``out`` (``[world_size, *shape]``,
+        contiguous) receives the result in place; None allocates it. An in-process group
+        may complete the gather before returning."""
         ...
 
     def barrier(self) -> None:
@@ -180,6 +208,22 @@ class TorchDistCommunicator:
             dist.all_gather(parts, wire, group=self.group)
             gathered = torch.stack(parts)
         return gathered.view(tensor.dtype) if gathered.dtype != tensor.dtype else gathered
+
+    def all_gather_async(self, tensor: Tensor, tag: str, out: Tensor | None = None) -> GatherHandle:
+        """See ``Communicator.all_gather_async``: ``async_op=True`` on the process group."""
+        record_all_gather(self.stats, tag, tensor, self.world_size)
+        wire = tensor.contiguous()
+        if out is None:
+            out = wire.new_empty((self.world_size, *wire.shape))
+        if _is_float8(tensor.dtype):
+            wire, out = wire.view(torch.uint8), out.view(torch.uint8)
+        if self.backend in _SINGLE_TENSOR_BACKENDS:
+            work = _all_gather_single(
+                out.view(-1), wire.reshape(-1), group=self.group, async_op=True
+            )
+        else:
+            work = dist.all_gather(list(out.unbind(0)), wire, group=self.group, async_op=True)
+        return GatherHandle(work, out, tensor.dtype, wire)
 
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""

@@ -13,7 +13,7 @@ from typing import TypeVar, cast
 import torch
 from torch import Tensor
 
-from cpkv_core.dist.comm import CommStats, Communicator, record_all_gather
+from cpkv_core.dist.comm import CommStats, Communicator, GatherHandle, record_all_gather
 
 __all__ = ["LocalCommunicator", "LocalGroup", "run_local"]
 
@@ -79,6 +79,19 @@ class LocalCommunicator:
                 )
             parts.append(other.to(tensor.device))
         return torch.stack(parts)
+
+    def all_gather_async(self, tensor: Tensor, tag: str, out: Tensor | None = None) -> GatherHandle:
+        """See ``Communicator.all_gather_async``; completes before it returns (threads
+        rendezvous on every collective)."""
+        gathered = self.all_gather(tensor, tag)
+        if out is None:
+            return GatherHandle(None, gathered, tensor.dtype, tensor)
+        raw = tensor.dtype.is_floating_point and tensor.dtype.itemsize == 1
+        if raw:
+            out.view(torch.uint8).copy_(gathered.view(torch.uint8))
+        else:
+            out.copy_(gathered)
+        return GatherHandle(None, out, tensor.dtype, tensor)
 
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""

@@ -11,6 +11,7 @@ output size known here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,6 +21,7 @@ import numpy.typing as npt
 
 from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy, KvWriteStrategy
 from cpkv_core.planning.ownership import local_page, owner_of_page
+from cpkv_core.planning.peer_view import PeerViewPlan, history_entries, peer_view_plan
 from cpkv_core.planning.remap import ViewPlan, slot_view_plan, unique_view_plan
 from cpkv_core.planning.scheduler import ScheduledBatch
 from cpkv_core.planning.segments import SplitSegments, build_segments
@@ -38,6 +40,8 @@ class KeySource(StrEnum):
     """The materialized view gathered from the page owners."""
     CURRENT = "current"
     """The batch-order all-gathered current chunk."""
+    HISTORY_AND_CURRENT = "history+current"
+    """Peer-read: ``[history view read from the owners' pools ; current chunk rows]``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +86,9 @@ class HostPlan:
     num_local_last: int
     """Requests whose last token this rank computed."""
     view: ViewPlan | None
-    """The materialized view's plan (view reads only)."""
+    """The materialized view's plan (gathered view reads only)."""
+    peer_view: PeerViewPlan | None
+    """The history view's plan (peer-read view reads only)."""
     buffer: IntArray
     fields: Mapping[str, tuple[int, int]]
     """Name -> ``(offset, length)`` of each table in ``buffer``."""
@@ -102,7 +108,18 @@ class HostPlan:
         needs every rank's rows. Under the ``none`` split every rank already holds them."""
         if self.strategies.computes_every_token:
             return False
-        return not self.write_from_local or self.key_source is KeySource.CURRENT
+        reads_current = self.key_source in (KeySource.CURRENT, KeySource.HISTORY_AND_CURRENT)
+        return not self.write_from_local or reads_current
+
+    @property
+    def history_tokens(self) -> int:
+        """Rows of the history view of a ``history+current`` read (0 otherwise); the current
+        rows follow them in the key buffer."""
+        if self.peer_view is not None:
+            return self.peer_view.view_tokens
+        if self.key_source is KeySource.HISTORY_AND_CURRENT and self.view is not None:
+            return self.view.view_tokens
+        return 0
 
     def table(self, name: str) -> IntArray:
         """The host copy of one table (tests and debug checks)."""
@@ -201,26 +218,63 @@ def _write_runs(
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    source: KeySource
+    view: ViewPlan | None
+    peer_view: PeerViewPlan | None
+    key_base: IntArray
+    """Per page-table entry: the key source's row of the entry's first token."""
+    pages: IntArray
+    """Gather: the physical pages this rank sends into its slots. Peer-read: the physical
+    pages read, owner by owner, in view order."""
+
+
+def _history(batch: ScheduledBatch) -> npt.NDArray[np.bool_]:
+    """Per page-table entry of the batch: it holds history."""
+    table_lens = np.asarray([len(r.page_table) for r in batch.requests], np.int64)
+    prefix = np.asarray(batch.prefix_lens, np.int64)
+    return history_entries(table_lens, prefix, batch.page_size)
+
+
 def _read(
-    batch: ScheduledBatch, plan: ExecutionPlan, rank: int, flat: IntArray
-) -> tuple[KeySource, ViewPlan | None, IntArray, IntArray]:
-    """``(source, view, key_base per page-table entry, physical pages this rank sends)``."""
+    batch: ScheduledBatch,
+    plan: ExecutionPlan,
+    rank: int,
+    flat: IntArray,
+    peer_read: bool,
+    history_view: bool,
+) -> _Read:
     empty = np.empty(0, np.int64)
     if plan.kv_read is KvReadStrategy.LOCAL_POOL:
-        return KeySource.POOL, None, flat * batch.page_size, empty
+        return _Read(KeySource.POOL, None, None, flat * batch.page_size, empty)
     if plan.kv_read is KvReadStrategy.CURRENT_REUSE:
         if batch.has_history:
             raise RuntimeError(
                 f"batch {batch.batch}: current reuse got a request with history, indicates a "
                 "bug in the gate (HAS_HISTORY must fall back)"
             )
-        return KeySource.CURRENT, None, empty, empty
-    build = slot_view_plan if plan.kv_read is KvReadStrategy.MATERIALIZED_SLOT else unique_view_plan
-    view = build(flat, batch.page_size, batch.cp_size)
+        return _Read(KeySource.CURRENT, None, None, empty, empty)
+    unique = plan.kv_read is KvReadStrategy.MATERIALIZED_UNIQUE
+    if peer_read:
+        peer = peer_view_plan(flat, _history(batch), batch.page_size, batch.cp_size, unique)
+        return _Read(
+            KeySource.HISTORY_AND_CURRENT, None, peer, peer.entry_rows, peer.physical_pages
+        )
+    build = unique_view_plan if unique else slot_view_plan
+    if history_view:
+        entries = np.flatnonzero(_history(batch))
+        view = build(flat[entries], batch.page_size, batch.cp_size)
+        key_base = np.zeros(len(flat), np.int64)
+        key_base[entries] = view.entry_rows
+        view = dataclasses.replace(view, entry_rows=key_base)
+    else:
+        view = build(flat, batch.page_size, batch.cp_size)
     send = np.zeros(view.max_pages, np.int64)
     mine = local_page(view.pages_by_owner[rank], batch.cp_size)
     send[: len(mine)] = mine
-    return KeySource.VIEW, view, view.entry_rows, send
+    source = KeySource.HISTORY_AND_CURRENT if history_view else KeySource.VIEW
+    return _Read(source, view, None, view.entry_rows, send)
 
 
 def _last_tokens(
@@ -235,8 +289,18 @@ def _last_tokens(
     return last_ranks, last_rows, np.flatnonzero(last_ranks == rank)
 
 
-def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> HostPlan:
-    """The ``HostPlan`` of ``batch`` on ``rank`` under ``plan``'s strategies."""
+def build_host_plan(
+    batch: ScheduledBatch,
+    plan: ExecutionPlan,
+    rank: int,
+    peer_read: bool = False,
+    history_view: bool = False,
+) -> HostPlan:
+    """The ``HostPlan`` of ``batch`` on ``rank`` under ``plan``'s strategies.
+
+    A view read becomes ``[history view ; current rows]`` with ``peer_read`` (history pages
+    read from the owners' pools, unpadded) or ``history_view`` (history pages gathered into
+    padded slots, so a layer's view can be fetched ahead of its compute)."""
     cp = batch.cp_size
     extend = np.asarray(batch.extend_lens, np.int64)
     prefix = np.asarray(batch.prefix_lens, np.int64)
@@ -257,7 +321,7 @@ def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> Ho
         AttendedRequest(int(i), int(row_bounds[i]), int(row_bounds[i + 1]), int(k0), int(k1))
         for i, k0, k1 in zip(attended_index, key_cu[:-1], key_cu[1:], strict=True)
     )
-    source, view, key_base, send_pages = _read(batch, plan, rank, flat)
+    read = _read(batch, plan, rank, flat, peer_read, history_view)
     writes = _write_runs(batch, plan, rank, _current_pages(batch, cu_extend, flat, table_cu), segs)
     last_tokens = cu_extend[1:] - 1
     last_ranks, last_rows, local_last = _last_tokens(segs, rank, last_tokens)
@@ -273,13 +337,13 @@ def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> Ho
             "seg_row0": segs.row0[packed],
             "seg_first": np.cumsum(segs.count[packed]) - segs.count[packed],
             "table_cu": table_cu,
-            "key_base": key_base,
+            "key_base": read.key_base,
             "att_req": attended_index,
             "att_key_lo": key_cu[:-1],
             "att_seq": seq[attended_index],
             **writes,
             "write_first": np.cumsum(writes["write_count"]) - writes["write_count"],
-            "send_pages": send_pages,
+            "send_pages": read.pages,
             "last_tokens": last_tokens,
             "last_ranks": last_ranks,
             "local_last_rows": last_rows[local_last],
@@ -291,7 +355,7 @@ def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> Ho
         cp_size=cp,
         page_size=batch.page_size,
         strategies=plan,
-        key_source=source,
+        key_source=read.source,
         bs=len(batch.requests),
         num_tokens=segs.num_tokens,
         num_local=int(num_local[rank]),
@@ -302,7 +366,8 @@ def build_host_plan(batch: ScheduledBatch, plan: ExecutionPlan, rank: int) -> Ho
         num_keys=int(key_cu[-1]),
         num_written=int(writes["write_count"].sum()),
         num_local_last=len(local_last),
-        view=view,
+        view=read.view,
+        peer_view=read.peer_view,
         buffer=buffer,
         fields=fields,
     )

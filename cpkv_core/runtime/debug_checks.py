@@ -8,6 +8,8 @@ runs every check (each check's collective needs the whole group).
 - ``check_view``: every key row a batch reads (history included, whatever the key source:
   own pool, materialized view or reused current chunk) equals the row its owner's pool
   holds for that logical loc after the write.
+- ``check_peer_view``: under peer-read, the history view read from the owners' mapped
+  pools equals the view the gather path builds from the gathered pools, row for row.
 - ``after_batch``: per written token row, the shards partition the token rows in use
   (sharded: each written by its owner only; replicated: by every rank).
 """
@@ -81,7 +83,46 @@ class DebugChecks:
     ) -> None:
         """The per-layer checks, after the write and before attention."""
         self.check_writes_owned(tensors)
-        self.check_view(batch, host, tensors, keys, layer)
+        pools = self._gathered_pools(layer)
+        self.check_peer_view(host, tensors, keys, layer, pools)
+        self.check_view(batch, host, tensors, keys, layer, pools)
+
+    def _gathered_pools(self, layer: int) -> KVRows:
+        """Every rank's pool layer, gathered (a collective: every rank calls it)."""
+        engine = self.engine
+        pool = engine.pool.layers[layer]
+        return KVRows(
+            engine.comm.all_gather(pool.latent, DEBUG_TAG).flatten(0, 1),
+            engine.comm.all_gather(pool.index_k, DEBUG_TAG).flatten(0, 1),
+            engine.comm.all_gather(pool.index_k_scale, DEBUG_TAG).flatten(0, 1),
+        )
+
+    def check_peer_view(
+        self, host: HostPlan, tensors: BatchTensors, keys: KVRows, layer: int, pools: KVRows
+    ) -> None:
+        """Peer-read: the history view equals the gathered pools' rows of the same pages."""
+        view = host.peer_view
+        if view is None or view.view_tokens == 0:
+            return
+        engine = self.engine
+        rows_per_rank = len(engine.pool.layers[layer])
+        bounds = np.asarray(view.owner_rows, np.int64)
+        owner = np.repeat(np.arange(view.cp_size, dtype=np.int64), np.diff(bounds))
+        offsets = torch.from_numpy(owner * rows_per_rank).to(tensors.send_rows.device)
+        # NOTE: only rows some key reads: the rest of a page the chunk resumes in is
+        # written by its owner during this batch, so a view may hold it before or after.
+        key_rows = tensors.key_rows.cpu().numpy()
+        used = np.unique(key_rows[key_rows < view.view_tokens])
+        index = torch.from_numpy(used).to(offsets.device)
+        gathered = pools.select((tensors.send_rows + offsets).index_select(0, index))
+        same = _same_rows(keys.select(index), gathered)
+        if not same.all():
+            bad = used[~same][:8].tolist()
+            raise RuntimeError(
+                f"rank {engine.comm.rank} layer {layer}: the peer-read history view differs "
+                f"from the gathered view in {int((~same).sum())} rows, view rows {bad} "
+                "(a peer's pool is not mapped where its owner writes)"
+            )
 
     def check_writes_owned(self, tensors: BatchTensors) -> None:
         """Sharded: every token row this rank wrote is on a page it owns."""
@@ -96,7 +137,13 @@ class DebugChecks:
             )
 
     def check_view(
-        self, batch: ScheduledBatch, host: HostPlan, tensors: BatchTensors, keys: KVRows, layer: int
+        self,
+        batch: ScheduledBatch,
+        host: HostPlan,
+        tensors: BatchTensors,
+        keys: KVRows,
+        layer: int,
+        pools: KVRows,
     ) -> None:
         """Every key row this rank reads equals its owner's pool row for that logical loc.
 
@@ -107,11 +154,6 @@ class DebugChecks:
         engine = self.engine
         rank, cp_size, page_size = engine.comm.rank, engine.deploy.cp_size, engine.deploy.page_size
         pool = engine.pool.layers[layer]
-        pools = KVRows(
-            engine.comm.all_gather(pool.latent, DEBUG_TAG).flatten(0, 1),
-            engine.comm.all_gather(pool.index_k, DEBUG_TAG).flatten(0, 1),
-            engine.comm.all_gather(pool.index_k_scale, DEBUG_TAG).flatten(0, 1),
-        )
         if not host.attended:
             return
         locs = np.concatenate(

@@ -33,7 +33,9 @@ class BatchTensors:
     write_source: Tensor  # [num_written] rows of the gathered chunk (or of the local rows)
     write_dest: Tensor  # [num_written] rows of this rank's pool
     written_locs: Tensor  # [num_written] logical locs of those rows
-    send_rows: Tensor  # [max_pages * page_size] pool rows sent into a view; padding reads row 0
+    # gather: [max_pages * page_size] pool rows sent into a view (padding reads row 0);
+    # peer-read: [history_tokens] owners' pool rows read, owner by owner, in view order
+    send_rows: Tensor
     last_token_indices: Tensor  # [bs]
     last_token_ranks: Tensor  # [bs]
     local_last_rows: Tensor  # [num_local_last]
@@ -87,7 +89,13 @@ def _key_rows(plan: HostPlan, t: _Tables) -> Tensor:
     if plan.key_source is KeySource.CURRENT:
         return t["cu_extend"][request] + positions
     entry = t["table_cu"][request] + positions // plan.page_size
-    return t["key_base"][entry] + positions % plan.page_size
+    pooled = t["key_base"][entry] + positions % plan.page_size
+    if plan.key_source is not KeySource.HISTORY_AND_CURRENT:
+        return pooled
+    # NOTE: history positions read the view, current ones the gathered rows after it.
+    prefix = t["prefix_lens"][request]
+    current = plan.history_tokens + t["cu_extend"][request] + positions - prefix
+    return torch.where(positions < prefix, pooled, current)
 
 
 def expand(plan: HostPlan, packed: Tensor, vocab_size: int) -> BatchTensors:

@@ -19,11 +19,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.config import DeploymentConfig, MaterializeMode, ModelConfig
 from cpkv_core.dist.comm import Communicator
 from cpkv_core.planning import (
     ExecutionPlan,
     HostPlan,
+    KeySource,
     KvLayout,
     OutputStrategy,
     ScheduledBatch,
@@ -34,7 +35,8 @@ from cpkv_core.planning import (
 from cpkv_core.runtime.debug_checks import DebugChecks
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
 from cpkv_core.runtime.faults import Fault
-from cpkv_core.runtime.kv_access import key_source, write_rows
+from cpkv_core.runtime.history_views import HistoryViews
+from cpkv_core.runtime.kv_access import MATERIALIZE_TAG, key_source, write_rows
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 from cpkv_core.runtime.model import (
     ModelWeights,
@@ -48,6 +50,7 @@ from cpkv_core.runtime.model import (
 )
 from cpkv_core.runtime.outputs import RankBatchOutput, ShadowOutcome
 from cpkv_core.runtime.shadow import ShadowPlan, run_shadowed
+from cpkv_core.runtime.shared_pools import SharedPools, open_shared_pools
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +112,28 @@ class CPEngine:
         pool_pages = (
             num_pages if kv_layout is KvLayout.REPLICATED else -(-num_pages // deploy.cp_size)
         )
-        self.pool = PagedKVPool(
-            cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
-        )
+        self.peers: SharedPools | None = None
+        """Every rank's pool as this rank maps it (peer-read on a sharded layout)."""
+        if deploy.materialize is MaterializeMode.PEER_READ:
+            # NOTE: every level checks the one-host contract, so a replicated level 0
+            # refuses a deployment that peer-read could not serve later.
+            shared = open_shared_pools(
+                comm, cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
+            )
+            self.peers = shared if kv_layout is KvLayout.SHARDED else None
+            self.pool = shared.pool
+        else:
+            self.pool = PagedKVPool(
+                cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
+            )
         self.debug = DebugChecks(self) if debug_checks else None
         self.fault: Fault | None = fault
         self.requests: dict[str, ScheduledRequest] = {}
         """The latest chunk of every request this rank ran (PD reads its page table)."""
         self.stored_pages = 0
         """Pages in use that this rank's pool stores."""
+        self.exposed_materialize_seconds = 0.0
+        """Host time of the current batch's view reads that no compute overlapped."""
 
     def host_plan(self, batch: ScheduledBatch, plan: ExecutionPlan) -> HostPlan:
         """The host half of a batch on this rank."""
@@ -126,7 +142,13 @@ class CPEngine:
                 f"batch {batch.batch}: plan writes a {plan.kv_layout} layout into a "
                 f"{self.kv_layout} pool, indicates a bug in the gate (KV at rest cannot change)"
             )
-        return build_host_plan(batch, plan, self.comm.rank)
+        return build_host_plan(
+            batch,
+            plan,
+            self.comm.rank,
+            peer_read=self.peers is not None,
+            history_view=self.deploy.materialize_prefetch,
+        )
 
     def run_batch(
         self,
@@ -141,6 +163,9 @@ class CPEngine:
         """
         start = time.perf_counter()
         before = self._gathered_bytes()
+        self.exposed_materialize_seconds = 0.0
+        if self.peers is not None:
+            self.peers.batch_start()
         if shadow is None:
             host, tensors, step = self.run_plan(batch, plan)
             served = Served(host, tensors, step)
@@ -161,6 +186,7 @@ class CPEngine:
             kv_bytes=self.pool.bytes_for_pages(self.stored_pages),
             seconds=time.perf_counter() - start,
             shadow=served.shadow,
+            exposed_materialize_seconds=self.exposed_materialize_seconds,
         )
 
     def prepare(self, batch: ScheduledBatch, plan: ExecutionPlan) -> tuple[HostPlan, BatchTensors]:
@@ -189,6 +215,15 @@ class CPEngine:
         """The device half: every layer, then the tail. ``batch`` is read by the debug
         checks only; ``reads`` (shadow comparisons) collects each layer's key rows read."""
         hidden = embed(self.weights, tensors.local_token_ids, tensors.local_positions)
+        views = None
+        if host.key_source is KeySource.HISTORY_AND_CURRENT:
+            peers = self.peers.peers if self.peers is not None else ()
+            prefetch = self.deploy.materialize_prefetch
+            views = HistoryViews(
+                self.comm, self.pool, host, tensors, peers, prefetch, MATERIALIZE_TAG
+            )
+            if prefetch:
+                views.start(0)
         topk_per_layer = []
         needs_current = host.gathers_current
         for layer_index, layer in enumerate(self.weights.layers):
@@ -199,9 +234,7 @@ class CPEngine:
             current = self._gather_current(own, host, tensors) if needs_current else own
             source = own if host.write_from_local else current
             write_rows(self.pool, layer_index, source, tensors.write_source, tensors.write_dest)
-            keys = key_source(
-                self.comm, self.pool, layer_index, host.key_source, tensors.send_rows, current
-            )
+            keys = self._keys(layer_index, host, tensors, current, views)
             if reads is not None:
                 reads.append(keys.select(tensors.key_rows))
             if self.debug is not None and batch is not None:
@@ -209,9 +242,31 @@ class CPEngine:
             attn, topk = attend_local(self.cfg, proj, host, tensors, keys)
             topk_per_layer.append(topk)
             hidden = finish_layer(layer, hidden, attn)
+        if views is not None:
+            self.exposed_materialize_seconds += views.exposed_seconds
         last_hidden = COLLECTORS[host.strategies.output](self, hidden, host, tensors)
         normed, logits = lm_head(self.weights, last_hidden)
         return StepOutput(torch.stack(topk_per_layer), normed, logits)
+
+    def _keys(
+        self,
+        layer: int,
+        host: HostPlan,
+        tensors: BatchTensors,
+        current: KVRows,
+        views: HistoryViews | None,
+    ) -> KVRows:
+        """The key buffer of ``layer``; a gathered view's time counts as exposed."""
+        if views is not None:
+            return views.keys(layer, current)
+        if host.key_source is not KeySource.VIEW:
+            return key_source(
+                self.comm, self.pool, layer, host.key_source, tensors.send_rows, current
+            )
+        began = time.perf_counter()
+        keys = key_source(self.comm, self.pool, layer, host.key_source, tensors.send_rows, current)
+        self.exposed_materialize_seconds += time.perf_counter() - began
+        return keys
 
     def _commit(self, batch: ScheduledBatch) -> None:
         self.requests.update((r.rid, r) for r in batch.requests)

@@ -52,7 +52,10 @@ def key_source(
     send_rows: Tensor,
     current: KVRows,
 ) -> KVRows:
-    """The buffer this batch's keys are read from, by the plan's source."""
+    """The buffer this batch's keys are read from, by the plan's source (a history view plus
+    current rows is ``history_views.HistoryViews``'s)."""
+    if source is KeySource.HISTORY_AND_CURRENT:
+        raise RuntimeError("history+current keys come from HistoryViews, indicates a bug")
     if source is KeySource.POOL:
         return pool.layers[layer]
     if source is KeySource.CURRENT:

@@ -53,6 +53,56 @@ def kv_bytes_per_page(cfg: ModelConfig, dtype: IndexKDtype, page_size: int) -> i
     return page_size * kv_bytes_per_token(cfg, dtype) * cfg.num_layers
 
 
+_ALIGN = 64
+"""Byte alignment of every tensor carved from a pool arena."""
+
+
+def _arena_parts(
+    cfg: ModelConfig, num_locs: int, dtype: IndexKDtype
+) -> list[tuple[int, tuple[int, ...], torch.dtype]]:
+    """``(byte offset, shape, dtype)`` of every pool tensor in an arena, layer by layer:
+    latent, index K, scale."""
+    shapes: tuple[tuple[tuple[int, ...], torch.dtype], ...] = (
+        ((num_locs, cfg.kv_dim), torch.float32),
+        ((num_locs, cfg.index_head_dim), index_k_torch_dtype(dtype)),
+        ((num_locs,), torch.float32),
+    )
+    parts: list[tuple[int, tuple[int, ...], torch.dtype]] = []
+    offset = 0
+    for _ in range(cfg.num_layers):
+        for shape, part_dtype in shapes:
+            parts.append((offset, shape, part_dtype))
+            nbytes = part_dtype.itemsize * int(torch.Size(shape).numel())
+            offset += -(-nbytes // _ALIGN) * _ALIGN
+    return parts
+
+
+def arena_bytes(cfg: ModelConfig, num_pages: int, page_size: int, dtype: IndexKDtype) -> int:
+    """Bytes of the one flat buffer a pool of ``num_pages`` pages can be carved from."""
+    offset, shape, part_dtype = _arena_parts(cfg, num_pages * page_size, dtype)[-1]
+    return offset + part_dtype.itemsize * int(torch.Size(shape).numel())
+
+
+def carve_layers(
+    cfg: ModelConfig, num_pages: int, page_size: int, dtype: IndexKDtype, arena: Tensor
+) -> tuple[KVRows, ...]:
+    """The per-layer pool tensors as views of ``arena`` (``[arena_bytes]`` uint8), the
+    layout ``arena_bytes`` sizes: a pool and its peers' mappings share it."""
+    need = arena_bytes(cfg, num_pages, page_size, dtype)
+    if arena.dtype != torch.uint8 or arena.dim() != 1 or arena.numel() < need:
+        raise ValueError(
+            f"a pool arena must be a flat uint8 tensor of >= {need} bytes, got "
+            f"{arena.dtype} {tuple(arena.shape)}"
+        )
+    views = [
+        arena[offset : offset + part_dtype.itemsize * int(torch.Size(shape).numel())]
+        .view(part_dtype)
+        .view(shape)
+        for offset, shape, part_dtype in _arena_parts(cfg, num_pages * page_size, dtype)
+    ]
+    return tuple(KVRows(*views[i : i + 3]) for i in range(0, len(views), 3))
+
+
 class PagedKVPool:
     """One rank's paged KV storage: per layer, token rows of latent KV, index K and scale.
 
@@ -69,7 +119,10 @@ class PagedKVPool:
         page_size: int,
         dtype: IndexKDtype,
         device: torch.device | str = "cpu",
+        arena: Tensor | None = None,
     ) -> None:
+        """``arena``: a zeroed flat uint8 buffer to carve the layers from (``carve_layers``;
+        shared memory its peers map); None allocates each tensor on ``device``."""
         if num_pages < 1 or page_size < 1:
             raise ValueError(
                 f"pool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}"
@@ -80,6 +133,9 @@ class PagedKVPool:
         self.dtype = dtype
         num_locs = num_pages * page_size
         k_dtype = index_k_torch_dtype(dtype)
+        if arena is not None:
+            self.layers = carve_layers(cfg, num_pages, page_size, dtype, arena)
+            return
         self.layers = tuple(
             KVRows(
                 latent=torch.zeros(num_locs, cfg.kv_dim, device=device),

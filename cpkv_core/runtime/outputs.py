@@ -135,6 +135,8 @@ class RankBatchOutput:
     kv_bytes: int  # persistent KV bytes in use on this rank after the batch
     seconds: float  # wall time of the batch on this rank, host planning included
     shadow: ShadowOutcome | None = None  # set on sampled batches only
+    exposed_materialize_seconds: float = 0.0
+    """Host time of this batch's view reads that no compute overlapped (``HistoryViews``)."""
 
 
 def merge_rank_outputs(batch: BatchSpec, outputs: Sequence[RankBatchOutput]) -> BatchOutput:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from cpkv_core.dist.comm import CommStats, Communicator
+from cpkv_core.dist.comm import CommStats, Communicator, GatherHandle
 from cpkv_core.planning import ExecutionPlan, ScheduledBatch
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 from cpkv_core.runtime.outputs import (
@@ -65,6 +65,10 @@ class _Tagged:
     def all_gather(self, tensor: Tensor, tag: str) -> Tensor:
         del tag
         return self.comm.all_gather(tensor, self.tag)
+
+    def all_gather_async(self, tensor: Tensor, tag: str, out: Tensor | None = None) -> GatherHandle:
+        del tag
+        return self.comm.all_gather_async(tensor, self.tag, out)
 
     def barrier(self) -> None:
         self.comm.barrier()
