@@ -3,6 +3,9 @@ transfer engine over TCP loopback; rebuilt KV and decode step against the refere
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -14,7 +17,7 @@ from cpkv_core.config import model_preset
 from cpkv_core.pd.decode import DecodeServer
 from cpkv_core.pd.pack import pack_rows
 from cpkv_core.pd.prefill import MIN_WRITE_BYTES, STAGING_BYTES, PdFaults
-from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Fail, Piece
+from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece
 from cpkv_core.pd.receive import tiling_error, unpack_pieces
 from cpkv_core.planning.pd_pack import (
     completed_pages,
@@ -162,6 +165,16 @@ def test_streamed_pieces_tile_the_slab_and_unpack_byte_for_byte(
             assert torch.equal(got[dst : dst + n], want[src : src + n])
 
 
+def test_pieces_of_each_step_land_in_rank_order_after_earlier_steps() -> None:
+    """docs/pd.md's example: cp 2, page 4, 2 bytes a token, 15 tokens in chunks of 9 and 6."""
+    table = np.arange(4)
+    writes = _stream(list(table), 15, [9, 15], 4, 2, 2, 1 << 20)
+    assert {r: [(o, list(p)) for o, p in w] for r, w in writes.items()} == {
+        0: [(0, [0]), (16, [2])],
+        1: [(8, [1]), (24, [3])],
+    }
+
+
 def test_overlapping_pieces_do_not_tile_the_slab() -> None:
     pieces = [Piece(0, (0, 1)), Piece(4, (2,))]  # page 4, 1 byte a token: [0, 8) and [4, 8)
     assert "overlap" in tiling_error(pieces, 12, 12, 4, 1)
@@ -277,6 +290,23 @@ def test_failed_attempt_pages_stay_quarantined_until_every_sender_settled() -> N
         assert server.scheduler.allocator.num_free_pages == free_before - len(
             retry.page_table
         ) + len(first.page_table)
+    finally:
+        server.transport.close()
+        server.listener.close()
+
+
+def test_the_deadline_runs_from_the_first_report_not_from_the_first_chunk() -> None:
+    """Streaming senders allocate at a request's first chunk; a prefill longer than the
+    timeout must not fail an attempt whose last sender reports just after another awaits."""
+    server = DecodeServer(TINY, 4, make_deploy().index_k_dtype, 64, 0.3, b"k")
+    try:
+        assert isinstance(server._on_alloc(Alloc("r", 0, 10, 3, senders=2)), AllocReply)
+        time.sleep(0.4)  # later chunks prefill for longer than the timeout
+        tokens = server.token_bytes
+        server._on_done(Done("r", 0, 0, (Piece(0, (0, 2)),), 6 * tokens))
+        late = Done("r", 0, 1, (Piece(6 * tokens, (1,)),), 4 * tokens)
+        threading.Timer(0.05, server._on_done, (late,)).start()
+        assert server._on_await(Await("r", 0, 0)).ready
     finally:
         server.transport.close()
         server.listener.close()

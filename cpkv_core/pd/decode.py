@@ -69,7 +69,10 @@ class Attempt:
     next_token: int
     senders: int
     pages: int
-    deadline: float
+    deadline: float | None = None
+    """When the attempt fails unless ready: ``timeout_s`` after the first sender settled.
+    Streaming senders allocate at a request's first chunk, so the clock waits for one of
+    them to finish rather than running through the prefill."""
     state: AttemptState = AttemptState.PENDING
     reason: str = ""
     done: dict[int, tuple[Piece, ...]] = field(default_factory=dict)
@@ -197,7 +200,7 @@ class DecodeServer:
                 self._await_verdict(current)
             if current is not None and current.state is not AttemptState.FAILED:
                 return ErrorReply(f"{msg.rid} is {current.state}; only a failed request is retried")
-            key = Attempt(msg.rid, msg.attempt, 0, 0, 0, 0, 0.0).key
+            key = Attempt(msg.rid, msg.attempt, 0, 0, 0, 0).key
             self.scheduler.schedule(BatchSpec(0, (RequestSpec(key, 0, msg.seq_len),)))
             try:
                 self.arena.alloc(key, msg.seq_len * self.token_bytes)
@@ -211,7 +214,6 @@ class DecodeServer:
                 msg.next_token,
                 msg.senders,
                 len(self.scheduler.page_table(key)),
-                time.monotonic() + self.timeout_s,
             )
             self.attempts[msg.rid] = attempt
             self.every_attempt[msg.rid, msg.attempt] = attempt
@@ -243,6 +245,8 @@ class DecodeServer:
         self.cond.notify_all()
 
     def _settle(self, attempt: Attempt, rank: int) -> None:
+        if attempt.deadline is None:
+            attempt.deadline = time.monotonic() + self.timeout_s
         attempt.settled.add(rank)
         self._release_if_settled(attempt)
 
@@ -291,6 +295,8 @@ class DecodeServer:
         """Waits until ``attempt`` is ready or failed (the caller holds the lock; waiting
         releases it); fails it at its deadline, naming the ranks that never reported."""
         while attempt.state is AttemptState.PENDING:
+            if attempt.deadline is None:
+                attempt.deadline = time.monotonic() + self.timeout_s
             remaining = attempt.deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(attempt.senders)) - set(attempt.done))

@@ -188,8 +188,9 @@ class PdSender:
         return sum(self.final_seq_lens.values()) * self.token_bytes
 
     def after_batch(self, batch: ScheduledBatch) -> None:
-        """Sends the owned pages each request of ``batch`` completed; call it once the
-        batch's KV is written."""
+        """Queues the owned pages each request of ``batch`` completed and writes the queue
+        when a request had its final chunk or enough bytes wait; then reports the finished
+        requests. Call it once the batch's KV is written."""
         self._batch = batch.batch
         if self.broken is not None:
             return
@@ -311,6 +312,8 @@ class PdSender:
         ready: set[str] = set()
         todo = [rid for rid in self.final_seq_lens if rid in self.attempts]
         try:
+            if self.writer.pending and self.broken is None:
+                self._flush()  # NOTE: empty after a whole trace; kept for partial runs
             for number in range(self.target.retries + 1):
                 if self.broken is not None:
                     break
