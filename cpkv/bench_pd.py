@@ -10,6 +10,7 @@ from typing import Any
 
 from cpkv.pd import PdJob, run_pd
 from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.pd import WriteStats
 from cpkv_core.planning import BatchSpec
 
 MIB = 2**20
@@ -31,6 +32,10 @@ class PdBytes:
     """The baseline after this level: one write of the level's KV bytes..."""
     large_write_seconds: float
     """... and its median time (after a warm-up write)."""
+    median_flush_mib_per_second: float
+    """Median over every rank's flushes of the flush's bytes over its time: the typical
+    write call, as the large write's median is (a loaded machine's stalls land in the
+    summed figures, not here)."""
 
     @property
     def max_share(self) -> float:
@@ -76,6 +81,16 @@ class PdFigure:
         return statistics.median(row.large_write_mib_per_second for row in self.levels)
 
     @property
+    def median_flush_mib_per_second(self) -> float:
+        """Median over levels of the typical flush's throughput."""
+        return statistics.median(row.median_flush_mib_per_second for row in self.levels)
+
+    @property
+    def median_flush_ratio(self) -> float:
+        """The typical flush over the large write: both medians, stalls left out of both."""
+        return self.median_flush_mib_per_second / self.large_write_mib_per_second
+
+    @property
     def throughput_ratio(self) -> float:
         """Send path over large write (goal: at least 0.5): all ranks' bytes over their
         summed send time, against one writer's one write of the same bytes."""
@@ -104,7 +119,20 @@ class PdFigure:
             "large_write_mib_per_second": self.large_write_mib_per_second,
             "throughput_ratio": self.throughput_ratio,
             "group_throughput_ratio": self.group_throughput_ratio,
+            "median_flush_mib_per_second": self.median_flush_mib_per_second,
+            "median_flush_ratio": self.median_flush_ratio,
         }
+
+
+def median_flush_mib_per_second(stats: Sequence[WriteStats]) -> float:
+    """Median over the flushes of every rank of bytes over seconds."""
+    rates = [
+        nbytes / max(1e-9, end - start) / MIB
+        for s in stats
+        for nbytes, (start, end) in zip(s.flush_bytes, s.spans, strict=True)
+        if nbytes
+    ]
+    return statistics.median(rates) if rates else 0.0
 
 
 def union_seconds(spans: Sequence[tuple[float, float]]) -> float:
@@ -147,6 +175,7 @@ def bench_pd(
                 union_seconds([span for stats in run.pd_stats for span in stats.spans]),
                 probe.nbytes,
                 probe.seconds,
+                median_flush_mib_per_second(run.pd_stats),
             )
         )
     return PdFigure(tuple(rows))

@@ -160,7 +160,7 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
         assert row["large_write_bytes"] == sum(row["bytes_by_rank"])
         assert row["large_write_mib_per_second"] > 0 and all(row["write_calls_by_rank"])
     assert isinstance(pd["throughput_ratio"], float) and pd["throughput_ratio"] > 0
-    assert pd["group_throughput_ratio"] > 0
+    assert pd["group_throughput_ratio"] > 0 and pd["median_flush_ratio"] > 0
     level5 = [row for row in doc["write_path"] if row["level"] == 5 and row["phase"] == 5]
     assert level5 and all(row["write_path_bytes"] == 0 for row in level5)
     assert doc["step_time"]["levels"][0]["ratio_to_level0"] == 1.0

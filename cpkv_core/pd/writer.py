@@ -50,6 +50,8 @@ class WriteStats:
     spans: list[tuple[float, float]] = field(default_factory=list)
     """(start, end) ``time.perf_counter`` of every flush: one clock for every process of a
     host, so the spans of a group's ranks can be merged."""
+    flush_bytes: list[int] = field(default_factory=list)
+    """Bytes that landed in each flush, in the order of ``spans``."""
 
 
 class PieceWriter:
@@ -104,7 +106,9 @@ class PieceWriter:
         end = time.perf_counter()
         self.stats.seconds += end - began
         self.stats.spans.append((began, end))
-        self.stats.bytes += sum(len(out.rows) for out in landed) * self.token_bytes
+        nbytes = sum(len(out.rows) for out in landed) * self.token_bytes
+        self.stats.flush_bytes.append(nbytes)
+        self.stats.bytes += nbytes
         return landed, failed
 
     def _groups(self) -> list[list[Outgoing]]:
