@@ -279,7 +279,7 @@ class PdSender:
         for offset, positions in pieces:
             dst = state.reply.slab + offset + (BAD_ADDRESS_OFFSET if bad else 0)
             rows = token_rows(first_rows, positions, seq_len, ps)
-            piece = Piece(offset, tuple(int(p) for p in positions))
+            piece = Piece(offset, tuple(positions.tolist()))
             self.writer.add(Outgoing(req.rid, rows, dst, state.reply.session, piece))
 
     def _flush(self) -> None:
