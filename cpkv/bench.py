@@ -38,7 +38,7 @@ from cpkv.bench_kv import (
     write_path_bytes,
 )
 from cpkv.bench_overlap import OverlapFigure, overlap_figure
-from cpkv.bench_pd import PdBytes, bench_pd
+from cpkv.bench_pd import PdFigure, bench_pd
 from cpkv.bench_peer_read import PeerReadBatch, materialize_jobs, peer_read_figure
 from cpkv.loop import HostLoop
 from cpkv.runner import Backend, RankJob, run_jobs_on_gloo, run_levels
@@ -191,7 +191,7 @@ class BenchReport:
     write_path: list[WritePathBytes]
     bytes_by_batch: list[BatchBytes]
     page_balance: list[PageBalance]
-    pd: list[PdBytes]
+    pd: PdFigure
     step_time: list[StepTime]
     step_time_cp_size: int
     cp_off: CpOffFigure
@@ -227,10 +227,7 @@ class BenchReport:
             "page_balance": [
                 asdict(row) | {"max_over_min": row.max_over_min} for row in self.page_balance
             ],
-            "pd": [
-                asdict(row) | {"max_share": row.max_share, "mib_per_second": row.mib_per_second}
-                for row in self.pd
-            ],
+            "pd": self.pd.to_json(),
             "step_time": {
                 "cp_size": self.step_time_cp_size,
                 "backend": "gloo",

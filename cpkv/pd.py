@@ -27,6 +27,8 @@ from cpkv.shadow_report import ShadowSummary, fault_phase, run_entries, summariz
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.pd import (
     LOOPBACK,
+    MIN_WRITE_BYTES,
+    STAGING_BYTES,
     PdFaults,
     PdTarget,
     Report,
@@ -290,6 +292,12 @@ class PdJob:
     """Share of prefill batches shadow-verified."""
     fault: Fault | None = None
     """A game-day fault injected into the prefill's candidate path."""
+    staging_bytes: int = STAGING_BYTES
+    """Bytes of one PD write call at most (each prefill rank's staging buffer)."""
+    min_write_bytes: int = MIN_WRITE_BYTES
+    """Queued bytes that make a prefill rank write before a request's final chunk."""
+    probe: bool = False
+    """After each level, rank 0 times one large write of the level's KV bytes (bench)."""
 
 
 def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
@@ -343,6 +351,9 @@ def run_pd(
                     f"j{index}/",
                     retries,
                     faults or PdFaults(),
+                    job.staging_bytes,
+                    job.min_write_bytes,
+                    job.probe,
                     hosts.prefill,
                 ),
             )

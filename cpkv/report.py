@@ -151,16 +151,26 @@ def render_bench(console: Console, report: BenchReport) -> None:
     render_peer_read(console, report.peer_read, report.step_time_cp_size)
     render_overlap(console, report.overlap)
     pd = Table(title="PD: bytes each prefill rank sent for the trace (Mooncake, loopback)")
-    for name in ("level", "bytes by rank", "busiest share", "MiB/s"):
+    names = ("level", "bytes by rank", "writes by rank", "busiest share", "MiB/s", "large write")
+    for name in names:
         pd.add_column(name, justify="right")
-    for sent in report.pd:
+    for sent in report.pd.levels:
         pd.add_row(
             str(sent.level),
             " ".join(human_bytes(b) for b in sent.bytes_by_rank),
+            " ".join(map(str, sent.write_calls_by_rank)),
             f"{sent.max_share:.3f}",
             f"{sent.mib_per_second:.0f}",
+            f"{sent.large_write_mib_per_second:.0f}",
         )
     console.print(pd)
+    figure = report.pd
+    console.print(
+        f"PD send path {figure.send_mib_per_second:.0f} MiB/s (group "
+        f"{figure.group_mib_per_second:.0f}) vs one large write of the same bytes "
+        f"{figure.large_write_mib_per_second:.0f} MiB/s: ratio {figure.throughput_ratio:.2f} "
+        f"(group {figure.group_throughput_ratio:.2f}); medians over levels"
+    )
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 

@@ -25,7 +25,14 @@ from cpkv_core.dist import (
     run_local,
     spawn_group,
 )
-from cpkv_core.pd import PdTarget, SendResult, send_requests
+from cpkv_core.pd import (
+    LargeWrite,
+    PdSender,
+    PdTarget,
+    SendResult,
+    WriteStats,
+    time_large_write,
+)
 from cpkv_core.planning import BatchSpec, ScheduledBatch
 from cpkv_core.runtime import (
     BatchOutput,
@@ -77,7 +84,7 @@ class RankJob:
     debug_checks: bool = False
     """Run the sharded-KV invariant checks (they synchronise)."""
     pd: PdTarget | None = None
-    """After each level's trace, send every request to this decode server (PD)."""
+    """Stream every request to this decode server (PD) as its pages fill, batch by batch."""
     device: str = "cpu"
     """Where weights, pools and run-step tensors live."""
     shadow_rate: float = 0.0
@@ -98,6 +105,8 @@ class RankRun:
     outputs: list[RankBatchOutput]
     steps: list[LoopStep]
     pd: list[SendResult]
+    pd_stats: WriteStats | None = None
+    pd_probe: LargeWrite | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +128,24 @@ class LevelRun:
     """``rank_outputs[batch][rank]``."""
     pd: tuple[tuple[SendResult, ...], ...] = ()
     """``pd[rank]``: how each request went from each rank (PD runs only)."""
+    pd_stats: tuple[WriteStats, ...] = ()
+    """``pd_stats[rank]``: what each rank's PD writes cost (PD runs only)."""
+    pd_probe: LargeWrite | None = None
+    """One large write of the run's KV bytes, timed after it (``PdTarget.probe``)."""
 
 
 def request_order(batches: Sequence[BatchSpec]) -> list[str]:
     """Every rid of a trace, in order of first appearance."""
     return list(dict.fromkeys(req.rid for batch in batches for req in batch.requests))
+
+
+def final_seq_lens(batches: Sequence[BatchSpec]) -> dict[str, int]:
+    """Every rid of a trace, in order of first appearance, with its tokens after its last
+    chunk (a serving scheduler knows it from the prompt)."""
+    lens = dict.fromkeys(request_order(batches), 0)
+    for batch in batches:
+        lens.update((req.rid, req.seq_len) for req in batch.requests)
+    return lens
 
 
 def _to_host(out: RankBatchOutput) -> RankBatchOutput:
@@ -149,6 +171,7 @@ def _run_level(
         else None
     )
     engine: CPEngine | None = None
+    sender: PdSender | None = None
     outputs, steps = [], []
     for batch in job.batches:
         step = comm.broadcast_object(loop.step(batch) if loop is not None else None)
@@ -165,6 +188,9 @@ def _run_level(
                 device=job.device,
                 fault=job.fault,
             )
+            if job.pd is not None:
+                target = dataclasses.replace(job.pd, rid_prefix=f"{job.pd.rid_prefix}{run}/")
+                sender = PdSender(engine, target, final_seq_lens(job.batches))
         if job.exit_at == (comm.rank, batch.batch):
             os._exit(17)
         try:
@@ -172,6 +198,8 @@ def _run_level(
                 out = engine.run_batch(step.scheduled, step.decision.plan, step.shadow)
         except Exception as exc:
             raise RankFault(comm.rank, job.levels[run], batch.batch, exc) from exc
+        if sender is not None:
+            sender.after_batch(step.scheduled)  # PD streams as the KV fills
         outputs.append(_to_host(out))
         if loop is not None:
             # NOTE: every rank reached the same verdict; rank 0's gate acts on it before
@@ -181,14 +209,17 @@ def _run_level(
             if notify is not None:
                 notify(BatchProgress(run, batch.batch))
     sent: list[SendResult] = []
-    if job.pd is not None and engine is not None:
-        target = dataclasses.replace(job.pd, rid_prefix=f"{job.pd.rid_prefix}{run}/")
-        sent = send_requests(engine, request_order(job.batches), target)
+    probe: LargeWrite | None = None
+    stats: WriteStats | None = None
+    if sender is not None:
+        sent, stats = sender.finish(), sender.stats
+        if sender.target.probe and comm.rank == 0:
+            probe = time_large_write(sender.target, sender.total_bytes)
         if loop is not None:
             for result in sent:
                 if result.released:
                     loop.scheduler.release(result.rid)
-    return RankRun(outputs, steps, sent)
+    return RankRun(outputs, steps, sent, stats, probe)
 
 
 def _run_job(
@@ -227,7 +258,11 @@ def _level_runs(job: RankJob, per_rank: Sequence[list[RankRun]]) -> list[LevelRu
         )
         pd = tuple(tuple(per_rank[rank][run].pd) for rank in range(job.deploy.cp_size))
         steps = tuple(per_rank[0][run].steps)
-        runs.append(LevelRun(level, steps, outputs, by_batch, pd))
+        stats = tuple(
+            s for rank in range(job.deploy.cp_size) if (s := per_rank[rank][run].pd_stats)
+        )
+        probe = per_rank[0][run].pd_probe
+        runs.append(LevelRun(level, steps, outputs, by_batch, pd, stats, probe))
     return runs
 
 

@@ -153,8 +153,14 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
     shared = remaps["shared prefix", "materialized-unique"]
     assert shared < remaps["shared prefix", "materialized-slot"]
     assert [t["level"] for t in doc["step_time"]["levels"]] == [0, 1, 2, 3, 4, 5]
-    assert [row["level"] for row in doc["pd"]] == [0, 2, 5]
-    assert all(row["max_share"] < 0.3 and row["mib_per_second"] > 0 for row in doc["pd"])
+    pd = doc["pd"]
+    assert [row["level"] for row in pd["levels"]] == [0, 2, 5]
+    assert all(row["max_share"] < 0.3 and row["mib_per_second"] > 0 for row in pd["levels"])
+    for row in pd["levels"]:  # the baseline writes the level's KV bytes, all ranks' together
+        assert row["large_write_bytes"] == sum(row["bytes_by_rank"])
+        assert row["large_write_mib_per_second"] > 0 and all(row["write_calls_by_rank"])
+    assert isinstance(pd["throughput_ratio"], float) and pd["throughput_ratio"] > 0
+    assert pd["group_throughput_ratio"] > 0 and pd["median_flush_ratio"] > 0
     level5 = [row for row in doc["write_path"] if row["level"] == 5 and row["phase"] == 5]
     assert level5 and all(row["write_path_bytes"] == 0 for row in level5)
     assert doc["step_time"]["levels"][0]["ratio_to_level0"] == 1.0

@@ -3,17 +3,28 @@ transfer engine over TCP loopback; rebuilt KV and decode step against the refere
 
 from __future__ import annotations
 
+import threading
+import time
+
+import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv.pd import PdJob, run_pd
 from cpkv_core.config import model_preset
 from cpkv_core.pd.decode import DecodeServer
-from cpkv_core.pd.pack import runs_for_rank
-from cpkv_core.pd.prefill import PdFaults
-from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Fail
-from cpkv_core.planning.ownership import owner_of_page
+from cpkv_core.pd.pack import pack_rows
+from cpkv_core.pd.prefill import MIN_WRITE_BYTES, STAGING_BYTES, PdFaults
+from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece
+from cpkv_core.pd.receive import tiling_error, unpack_pieces
+from cpkv_core.planning.pd_pack import (
+    completed_pages,
+    rank_pieces,
+    sender_first_rows,
+    token_rows,
+)
 from cpkv_core.runtime.kv_pool import kv_bytes_per_page
 from cpkv_core.traces.trace import load_trace
 from phases.ids import PhaseId
@@ -23,63 +34,193 @@ TINY = model_preset("tiny")
 ALL = frozenset(PhaseId)
 
 
-def pd_job(trace: str, cp_size: int, levels: tuple[int, ...], page_size: int = 4) -> PdJob:
+def pd_job(
+    trace: str,
+    cp_size: int,
+    levels: tuple[int, ...],
+    page_size: int = 4,
+    staging_bytes: int = STAGING_BYTES,
+    min_write_bytes: int = MIN_WRITE_BYTES,
+) -> PdJob:
     deploy = make_deploy(cp_size, page_size)
     batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
-    return PdJob(deploy, batches, levels, ALL)
+    return PdJob(
+        deploy,
+        batches,
+        levels,
+        ALL,
+        staging_bytes=staging_bytes,
+        min_write_bytes=min_write_bytes,
+    )
+
+
+def _stream(
+    table: list[int],
+    seq_len: int,
+    chunk_ends: list[int],
+    page_size: int,
+    cp_size: int,
+    token_bytes: int,
+    capacity: int,
+) -> dict[int, list[tuple[int, np.ndarray]]]:
+    """Every rank's writes, step by step, as ``PdSender`` plans them."""
+    by_rank: dict[int, list[tuple[int, np.ndarray]]] = {r: [] for r in range(cp_size)}
+    sent_upto = cursor = 0
+    for end in chunk_ends:
+        stop = completed_pages(end, page_size, final=end == seq_len)
+        if stop <= sent_upto:
+            continue
+        cursors = set()
+        for rank in range(cp_size):
+            pieces, next_cursor = rank_pieces(
+                np.asarray(table),
+                sent_upto,
+                stop,
+                seq_len,
+                page_size,
+                cp_size,
+                rank,
+                token_bytes,
+                cursor,
+                capacity,
+            )
+            by_rank[rank] += pieces
+            cursors.add(next_cursor)
+        assert len(cursors) == 1, cursors  # every rank computes the same layout
+        sent_upto, cursor = stop, cursors.pop()
+    assert sent_upto == len(table) and cursor == seq_len * token_bytes
+    return by_rank
 
 
 @settings(max_examples=100, deadline=None)
 @given(
     cp_size=st.integers(1, 4),
     page_size=st.sampled_from([1, 4, 16]),
-    seq_len=st.integers(1, 200),
+    seq_len=st.integers(1, 120),
     sharded=st.booleans(),
+    widths=st.lists(st.integers(1, 12), min_size=1, max_size=6),
+    capacity_pages=st.integers(1, 5),
     data=st.data(),
 )
-def test_ranks_send_each_page_once_in_merged_runs(
-    cp_size: int, page_size: int, seq_len: int, sharded: bool, data: st.DataObject
+def test_streamed_pieces_tile_the_slab_and_unpack_byte_for_byte(
+    cp_size: int,
+    page_size: int,
+    seq_len: int,
+    sharded: bool,
+    widths: list[int],
+    capacity_pages: int,
+    data: st.DataObject,
 ) -> None:
+    """Pack index math and tensor ops together, in process: the pieces every rank writes,
+    chunk by chunk, hold each page once, from its owner, tile the receive slab exactly, and
+    unpack by page position into the decode pool byte for byte."""
     pages = -(-seq_len // page_size)
-    table = data.draw(st.lists(st.integers(0, 500), min_size=pages, max_size=pages, unique=True))
-    dst = data.draw(st.permutations(range(pages)))
-    sent = []
-    for rank in range(cp_size):
-        for run in runs_for_rank(table, dst, seq_len, page_size, cp_size, rank, sharded):
-            assert all(owner_of_page(table[j], cp_size) == rank for j in run.positions)
-            assert run.dst_row == dst[run.positions[0]] * page_size
-            tokens = sum(min(page_size, seq_len - j * page_size) for j in run.positions)
-            assert run.tokens == tokens
-            sent += run.positions
-    assert sorted(sent) == list(range(pages))
-
-
-def test_contiguous_pages_merge_into_one_run() -> None:
-    runs = runs_for_rank([0, 1, 2, 7], [5, 6, 7, 9], 15, 4, 1, 0, sharded=False)
-    assert [(r.positions, r.src_row, r.dst_row, r.tokens) for r in runs] == [
-        ((0, 1, 2), 0, 20, 12),
-        ((3,), 28, 36, 3),
+    table = data.draw(st.lists(st.integers(0, 199), min_size=pages, max_size=pages, unique=True))
+    dst_table = np.asarray(data.draw(st.permutations(range(pages))), dtype=np.int64)
+    cuts = data.draw(st.lists(st.integers(1, seq_len), max_size=4))
+    chunk_ends = sorted({*cuts, seq_len})
+    token_bytes = sum(widths)
+    by_rank = _stream(
+        table,
+        seq_len,
+        chunk_ends,
+        page_size,
+        cp_size,
+        token_bytes,
+        capacity_pages * page_size * token_bytes,
+    )
+    # Each rank's pool: random bytes, at physical rows (sharded) or logical rows.
+    pool_pages = 200 if not sharded else -(-200 // cp_size)
+    gen = torch.Generator().manual_seed(seq_len)
+    pools = [
+        [
+            torch.randint(0, 256, (pool_pages * page_size, w), dtype=torch.uint8, generator=gen)
+            for w in widths
+        ]
+        for _ in range(cp_size)
     ]
+    slab = torch.zeros(seq_len * token_bytes, dtype=torch.uint8)
+    pieces = []
+    for rank, writes in by_rank.items():
+        first_rows = sender_first_rows(np.asarray(table), page_size, cp_size, sharded)
+        for offset, positions in writes:
+            assert all(table[j] % cp_size == rank for j in positions)
+            rows = token_rows(first_rows, positions, seq_len, page_size)
+            block = torch.zeros(len(rows) * token_bytes, dtype=torch.uint8)
+            pack_rows(pools[rank], torch.from_numpy(rows), block)
+            slab[offset : offset + len(block)] = block
+            pieces.append(Piece(offset, tuple(int(p) for p in positions)))
+            assert len(block) <= capacity_pages * page_size * token_bytes
+    covered = sorted(p for piece in pieces for p in piece.positions)
+    assert covered == list(range(pages))
+    assert tiling_error(pieces, len(slab), seq_len, page_size, token_bytes) == ""
+    decode = [torch.zeros(pages * page_size, w, dtype=torch.uint8) for w in widths]
+    unpack_pieces(decode, slab, pieces, dst_table * page_size, seq_len, page_size)
+    for j in range(pages):
+        owner = table[j] % cp_size
+        src = (table[j] // cp_size if sharded else table[j]) * page_size
+        dst = int(dst_table[j]) * page_size
+        n = min(page_size, seq_len - j * page_size)
+        for want, got in zip(pools[owner], decode, strict=True):
+            assert torch.equal(got[dst : dst + n], want[src : src + n])
+
+
+def test_pieces_of_each_step_land_in_rank_order_after_earlier_steps() -> None:
+    """docs/pd.md's example: cp 2, page 4, 2 bytes a token, 15 tokens in chunks of 9 and 6."""
+    table = np.arange(4)
+    writes = _stream(list(table), 15, [9, 15], 4, 2, 2, 1 << 20)
+    assert {r: [(o, list(p)) for o, p in w] for r, w in writes.items()} == {
+        0: [(0, [0]), (16, [2])],
+        1: [(8, [1]), (24, [3])],
+    }
+
+
+def test_overlapping_pieces_do_not_tile_the_slab() -> None:
+    pieces = [Piece(0, (0, 1)), Piece(4, (2,))]  # page 4, 1 byte a token: [0, 8) and [4, 8)
+    assert "overlap" in tiling_error(pieces, 12, 12, 4, 1)
+    assert tiling_error([Piece(0, (0, 1)), Piece(8, (2,))], 12, 12, 4, 1) == ""
 
 
 @pytest.mark.gloo
 def test_decode_rebuilds_every_level_byte_for_byte() -> None:
     """Levels 0, 2, 3 (mixed trace) and 4, 5 (long requests) at cp_size 1, 2 and 4: one
-    4-rank prefill spawn, one decode process."""
+    4-rank prefill spawn, one decode process. cp 1 writes after every batch; cp 2 too, with
+    a staging buffer of one page (every page a piece of its own); cp 4 queues up to the
+    default bytes, and writes them when some request's final chunk is done."""
+    page_bytes = kv_bytes_per_page(TINY, make_deploy().index_k_dtype, 4)
+    writes = {1: (STAGING_BYTES, 0), 2: (page_bytes, 0), 4: (STAGING_BYTES, MIN_WRITE_BYTES)}
     jobs = []
-    for cp_size in (1, 2, 4):
-        jobs += [pd_job("mixed", cp_size, (0, 2, 3)), pd_job("long", cp_size, (4, 5))]
-    reports, _ = run_pd(TINY, jobs)
+    for cp_size, (staging, min_write) in writes.items():
+        jobs += [
+            pd_job("mixed", cp_size, (0, 2, 3), 4, staging, min_write),
+            pd_job("long", cp_size, (4, 5), 4, staging, min_write),
+        ]
+    reports, runs = run_pd(TINY, jobs)
     for job, report in zip(jobs, reports, strict=True):
         assert report.ok, [r for r in report.requests if not r.ok]
         for result in report.requests:
             assert result.kv_equal and result.decode_max_abs_diff == 0.0
             assert all(result.released_by_rank)
             assert len(result.bytes_by_rank) == job.deploy.cp_size
+    # Sends stream: mixed's "a" (58 tokens: 37 in batch 0, 21 in batch 1, of 4 batches)
+    # is written after each of its chunks, not after the trace.
+    pages_of_a, full_after_batch0 = -(-58 // 4), 37 // 4
+    for cp_size, job_runs in ((1, runs[0]), (2, runs[2]), (4, runs[4])):
+        for run in job_runs:
+            a_batches = [b for rank_results in run.pd for b in rank_results[0].write_batches]
+            if cp_size == 1:  # one piece per batch
+                assert a_batches == [0, 1]
+            elif cp_size == 2:  # one piece per page, as the pages fill
+                assert sorted(a_batches) == [0] * full_after_batch0 + [1] * (
+                    pages_of_a - full_after_batch0
+                )
+            else:  # queued, then written with b's final chunk and its own: one piece each
+                for rank_results in run.pd:
+                    assert rank_results[0].write_batches in ((0, 1), (0,), (1,))
+                assert sorted(set(a_batches)) == [0, 1]
     # cp_size 4: each rank sends about a quarter, the pages it owns. Dealt pages (levels
     # 0-4) balance within one page per request; compute-owner pages (level 5) within two
     # pages per chunk, since page-aligned blocks differ by one page.
-    page_bytes = kv_bytes_per_page(TINY, make_deploy().index_k_dtype, 4)
     for job, report in zip(jobs[-2:], reports[-2:], strict=True):
         for result in report.requests:
             chunks = sum(r.rid == result.rid for b in job.batches for r in b.requests)
@@ -139,11 +280,33 @@ def test_failed_attempt_pages_stay_quarantined_until_every_sender_settled() -> N
         retry = server._on_alloc(Alloc("r", 1, 10, 3, senders=2))
         assert isinstance(retry, AllocReply)
         assert set(retry.page_table).isdisjoint(first.page_table)
+        slab_bytes = 10 * server.token_bytes  # the receive slabs are kept apart the same way
+        assert abs(retry.slab - first.slab) >= slab_bytes
+        assert server.arena.slab("r#0")[1] == slab_bytes
         verdict = server._on_await(Await("r", 0, 1))  # rank 1 is done with attempt 0
         assert not verdict.ready
+        with pytest.raises(KeyError):
+            server.arena.slab("r#0")  # freed with the pages, once every sender settled
         assert server.scheduler.allocator.num_free_pages == free_before - len(
             retry.page_table
         ) + len(first.page_table)
+    finally:
+        server.transport.close()
+        server.listener.close()
+
+
+def test_the_deadline_runs_from_the_first_report_not_from_the_first_chunk() -> None:
+    """Streaming senders allocate at a request's first chunk; a prefill longer than the
+    timeout must not fail an attempt whose last sender reports just after another awaits."""
+    server = DecodeServer(TINY, 4, make_deploy().index_k_dtype, 64, 0.3, b"k")
+    try:
+        assert isinstance(server._on_alloc(Alloc("r", 0, 10, 3, senders=2)), AllocReply)
+        time.sleep(0.4)  # later chunks prefill for longer than the timeout
+        tokens = server.token_bytes
+        server._on_done(Done("r", 0, 0, (Piece(0, (0, 2)),), 6 * tokens))
+        late = Done("r", 0, 1, (Piece(6 * tokens, (1,)),), 4 * tokens)
+        threading.Timer(0.05, server._on_done, (late,)).start()
+        assert server._on_await(Await("r", 0, 0)).ready
     finally:
         server.transport.close()
         server.listener.close()

@@ -71,7 +71,7 @@ def test_bench_figures_plot_the_bench_json_figures(tmp_path: Path) -> None:
         assert y[x.index(r["batch"])] == r["view_bytes"]
     pd = drawn["pd-bytes-by-rank.png"]
     assert {label: y for label, (_, y) in pd.items()} == {
-        f"level {row['level']}": row["bytes_by_rank"] for row in doc["pd"]
+        f"level {row['level']}": row["bytes_by_rank"] for row in doc["pd"]["levels"]
     }
     cp_off = drawn["cp-off-step-time.png"]["CP on / CP off (slowest rank, median)"]
     sizes = doc["cp_off"]["step_time"]["sizes"]
@@ -80,7 +80,7 @@ def test_bench_figures_plot_the_bench_json_figures(tmp_path: Path) -> None:
     gate_line = figures["gate-time"].axes[0].lines[0]
     assert list(gate_line.get_ydata()) == gate[1]  # the artist drew what was recorded
     bars = [patch.get_height() for patch in figures["pd-bytes-by-rank"].axes[0].patches]
-    assert bars == [b / 1024 for row in doc["pd"] for b in row["bytes_by_rank"]]
+    assert bars == [b / 1024 for row in doc["pd"]["levels"] for b in row["bytes_by_rank"]]
 
 
 def test_host_plan_figure_draws_the_bench_json_figures(tmp_path: Path) -> None:

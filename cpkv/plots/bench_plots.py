@@ -164,9 +164,9 @@ def plot_remap_view_bytes(doc: Document) -> Plot | Skip:
 
 def plot_pd_bytes(doc: Document) -> Plot | Skip:
     """Bytes each prefill rank sends to the decode server for the trace, per level."""
-    rows = doc.get("pd")
+    rows = (doc.get("pd") or {}).get("levels")
     if not rows:
-        return Skip("pd-bytes-by-rank", "the bench document has no 'pd'")
+        return Skip("pd-bytes-by-rank", "the bench document has no 'pd.levels'")
     ranks = tuple(range(len(rows[0]["bytes_by_rank"])))
     figure = new_figure(7.0, 4.0)
     ax = figure.axes[0]

@@ -1,23 +1,39 @@
 """PD: owned-page transfer from CP prefill ranks to a non-CP decode server over Mooncake.
 
-Entry points: ``send_requests`` on every prefill rank, ``serve_decode`` in the decode process.
+Entry points: ``PdSender`` on every prefill rank, ``serve_decode`` in the decode process.
 """
 
 from cpkv_core.pd.decode import DecodeServer, serve_decode
-from cpkv_core.pd.prefill import PdFaults, PdTarget, SendResult, send_requests
+from cpkv_core.pd.prefill import (
+    AFTER_TRACE,
+    MIN_WRITE_BYTES,
+    STAGING_BYTES,
+    PdFaults,
+    PdSender,
+    PdTarget,
+    SendResult,
+)
+from cpkv_core.pd.probe import LargeWrite, time_large_write
 from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown
 from cpkv_core.pd.transport import LOOPBACK
+from cpkv_core.pd.writer import WriteStats
 
 __all__ = [
+    "AFTER_TRACE",
     "LOOPBACK",
+    "MIN_WRITE_BYTES",
+    "STAGING_BYTES",
     "DecodeServer",
+    "LargeWrite",
     "PdFaults",
+    "PdSender",
     "PdTarget",
     "Report",
     "ReportReply",
     "RequestReport",
     "SendResult",
     "Shutdown",
-    "send_requests",
+    "WriteStats",
     "serve_decode",
+    "time_large_write",
 ]

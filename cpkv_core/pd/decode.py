@@ -1,9 +1,10 @@
 """The PD decode server: a non-CP process that rebuilds full requests from CP prefill ranks.
 
 It owns a paged pool, an allocator and page tables (one full copy, no CP). For each request
-attempt it allocates pages, tells the prefill ranks where to write (registered memory), and
-marks the attempt ready only when every rank has reported its pieces landed and the pieces
-cover every page position exactly once; only then does it acknowledge. A rank's failure, a
+attempt it allocates pages and a receive slab (registered memory) the prefill ranks write
+their packed pieces into, and marks the attempt ready only when every rank has reported its
+pieces landed, the pieces cover every page position exactly once and tile the slab; it then
+unpacks them into its pool by page position, and only then does it acknowledge. A rank's failure, a
 timeout or a missing page fails the attempt: its pages are released once no sender can
 still write into them (nothing else in the pool changes) and the request can be retried as
 a new attempt on fresh pages. A ready request can run one
@@ -22,9 +23,11 @@ from enum import StrEnum
 from multiprocessing.connection import Connection, Listener
 from typing import Any
 
+import numpy as np
 import torch
 
 from cpkv_core.config import IndexKDtype, ModelConfig
+from cpkv_core.pd.pack import row_bytes, row_views
 from cpkv_core.pd.protocol import (
     Alloc,
     AllocReply,
@@ -32,13 +35,17 @@ from cpkv_core.pd.protocol import (
     Done,
     ErrorReply,
     Fail,
+    Piece,
+    Probe,
+    ProbeEnd,
+    ProbeReply,
     Report,
     ReportReply,
     RequestReport,
     Shutdown,
-    TensorTarget,
     Verdict,
 )
+from cpkv_core.pd.receive import ArenaFullError, ReceiveArena, tiling_error, unpack_pieces
 from cpkv_core.pd.transport import LOOPBACK, Transport
 from cpkv_core.planning import BatchSpec, RequestSpec, ScheduledRequest, Scheduler
 from cpkv_core.runtime.reference import ReferenceModel
@@ -54,7 +61,7 @@ class AttemptState(StrEnum):
 
 @dataclass(slots=True)
 class Attempt:
-    """One attempt to receive a request; ``done`` maps rank -> positions it reported."""
+    """One attempt to receive a request; ``done`` maps rank -> the pieces it reported."""
 
     rid: str
     attempt: int
@@ -62,10 +69,13 @@ class Attempt:
     next_token: int
     senders: int
     pages: int
-    deadline: float
+    deadline: float | None = None
+    """When the attempt fails unless ready: ``timeout_s`` after the first sender settled.
+    Streaming senders allocate at a request's first chunk, so the clock waits for one of
+    them to finish rather than running through the prefill."""
     state: AttemptState = AttemptState.PENDING
     reason: str = ""
-    done: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    done: dict[int, tuple[Piece, ...]] = field(default_factory=dict)
     settled: set[int] = field(default_factory=set)
     """Senders that can no longer write into this attempt's pages (Done, Fail or Await)."""
     released: bool = False
@@ -86,9 +96,10 @@ def tensor_bytes(obj: object) -> bytes:
 class DecodeServer:
     """Serves ``pd_protocol`` messages on a listener bound to ``host``; see the module docstring.
 
-    Invariant: a request is READY only if every sender reported Done and the reported page
-    positions are exactly ``0..pages-1``; a FAILED attempt's pages are freed only once every
-    sender has settled (Done, Fail or Await), and a retry always gets fresh pages.
+    Invariant: a request is READY only if every sender reported Done, the reported page
+    positions are exactly ``0..pages-1`` and the pieces tile the attempt's slab; a FAILED
+    attempt's pages and slab are freed only once every sender has settled (Done, Fail or
+    Await), and a retry always gets fresh pages and a fresh slab.
     """
 
     def __init__(
@@ -114,13 +125,13 @@ class DecodeServer:
         self.timeout_s = timeout_s
         self.die_on_done_of = die_on_done_of
         self.transport = Transport(host)
-        self.transport.register(
-            [
-                t
-                for layer in self.model.pool.layers
-                for t in (layer.latent, layer.index_k, layer.index_k_scale)
-            ]
-        )
+        self.views = row_views(self.model.pool)
+        """The pool as ``[rows, row_bytes]`` uint8 views, in packed-block order."""
+        self.token_bytes = sum(row_bytes(self.views))
+        # NOTE: twice the pool, so slabs of attempts in flight fit despite fragmentation.
+        self.arena = ReceiveArena(2 * num_pages * page_size * self.token_bytes, self.transport)
+        self.probes: dict[int, torch.Tensor] = {}
+        """Scratch buffers of ``Probe`` by address (bench only)."""
         self.listener = Listener((host, 0), authkey=authkey)
         self.cond = threading.Condition()
         self.attempts: dict[str, Attempt] = {}
@@ -159,6 +170,8 @@ class DecodeServer:
             Await: self._on_await,
             Fail: self._on_fail,
             Report: self._on_report,
+            Probe: self._on_probe,
+            ProbeEnd: self._on_probe_end,
         }
         with conn:
             while True:
@@ -190,8 +203,13 @@ class DecodeServer:
                 self._await_verdict(current)
             if current is not None and current.state is not AttemptState.FAILED:
                 return ErrorReply(f"{msg.rid} is {current.state}; only a failed request is retried")
-            key = Attempt(msg.rid, msg.attempt, 0, 0, 0, 0, 0.0).key
+            key = Attempt(msg.rid, msg.attempt, 0, 0, 0, 0).key
             self.scheduler.schedule(BatchSpec(0, (RequestSpec(key, 0, msg.seq_len),)))
+            try:
+                self.arena.alloc(key, msg.seq_len * self.token_bytes)
+            except ArenaFullError as exc:
+                self.scheduler.release(key)
+                return ErrorReply(f"{msg.rid}: {exc}")
             attempt = Attempt(
                 msg.rid,
                 msg.attempt,
@@ -199,26 +217,20 @@ class DecodeServer:
                 msg.next_token,
                 msg.senders,
                 len(self.scheduler.page_table(key)),
-                time.monotonic() + self.timeout_s,
             )
             self.attempts[msg.rid] = attempt
             self.every_attempt[msg.rid, msg.attempt] = attempt
             return self._alloc_reply(attempt)
 
     def _alloc_reply(self, attempt: Attempt) -> AllocReply:
-        targets = tuple(
-            tuple(
-                TensorTarget(t.data_ptr(), t[0].numel() * t.element_size())
-                for t in (layer.latent, layer.index_k, layer.index_k_scale)
-            )
-            for layer in self.model.pool.layers
-        )
+        offset, _ = self.arena.slab(attempt.key)
         return AllocReply(
             attempt.rid,
             attempt.attempt,
             self.transport.session,
             tuple(self.scheduler.page_table(attempt.key).tolist()),
-            targets,
+            self.arena.address + offset,
+            row_bytes(self.views),
         )
 
     def _attempt(self, rid: str, number: int) -> Attempt | None:
@@ -236,14 +248,17 @@ class DecodeServer:
         self.cond.notify_all()
 
     def _settle(self, attempt: Attempt, rank: int) -> None:
+        if attempt.deadline is None:
+            attempt.deadline = time.monotonic() + self.timeout_s
         attempt.settled.add(rank)
         self._release_if_settled(attempt)
 
     def _release_if_settled(self, attempt: Attempt) -> None:
-        """Frees a failed attempt's pages once no sender can write into them any more."""
+        """Frees a failed attempt's pages and slab once no sender can write into them."""
         settled = attempt.settled >= set(range(attempt.senders))
         if attempt.state is AttemptState.FAILED and not attempt.released and settled:
             self.scheduler.release(attempt.key)
+            self.arena.free(attempt.key)
             attempt.released = True
 
     def _on_fail(self, msg: Fail) -> Verdict:
@@ -263,7 +278,7 @@ class DecodeServer:
             if attempt is None:
                 return
             if attempt.state is AttemptState.PENDING:
-                attempt.done[msg.rank] = msg.positions
+                attempt.done[msg.rank] = msg.pieces
                 if len(attempt.done) == attempt.senders:
                     self._complete(attempt)
             self._settle(attempt, msg.rank)
@@ -283,6 +298,8 @@ class DecodeServer:
         """Waits until ``attempt`` is ready or failed (the caller holds the lock; waiting
         releases it); fails it at its deadline, naming the ranks that never reported."""
         while attempt.state is AttemptState.PENDING:
+            if attempt.deadline is None:
+                attempt.deadline = time.monotonic() + self.timeout_s
             remaining = attempt.deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(attempt.senders)) - set(attempt.done))
@@ -293,15 +310,40 @@ class DecodeServer:
                 self.cond.wait(remaining)
 
     def _complete(self, attempt: Attempt) -> None:
-        """Every sender reported: ready iff the pieces cover every page exactly once."""
-        covered = sorted(p for positions in attempt.done.values() for p in positions)
+        """Every sender reported: ready iff the pieces cover every page exactly once and tile
+        the slab; then they are unpacked into the pool by page position."""
+        pieces = [piece for rank_pieces in attempt.done.values() for piece in rank_pieces]
+        covered = sorted(p for piece in pieces for p in piece.positions)
         if covered != list(range(attempt.pages)):
             self._fail(
                 attempt, f"pieces cover positions {covered}, need 0..{attempt.pages - 1} once"
             )
             return
+        offset, nbytes = self.arena.slab(attempt.key)
+        ps = self.model.page_size
+        tiling = tiling_error(pieces, nbytes, attempt.seq_len, ps, self.token_bytes)
+        if tiling:
+            self._fail(attempt, tiling)
+            return
+        first_rows = self.scheduler.page_table(attempt.key).astype(np.int64) * ps
+        slab = self.arena.buffer[offset : offset + nbytes]
+        unpack_pieces(self.views, slab, pieces, first_rows, attempt.seq_len, ps)
+        self.arena.free(attempt.key)
         attempt.state = AttemptState.READY
         self.cond.notify_all()
+
+    def _on_probe(self, msg: Probe) -> ProbeReply:
+        scratch = torch.zeros(msg.nbytes, dtype=torch.uint8)
+        self.transport.register([scratch])
+        with self.cond:
+            self.probes[scratch.data_ptr()] = scratch
+        return ProbeReply(self.transport.session, scratch.data_ptr())
+
+    def _on_probe_end(self, msg: ProbeEnd) -> None:
+        with self.cond:
+            scratch = self.probes.pop(msg.address, None)
+        if scratch is not None:
+            self.transport.unregister(scratch)
 
     def _on_report(self, _: Report) -> ReportReply:
         with self.cond:

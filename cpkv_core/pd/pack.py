@@ -1,71 +1,64 @@
-"""PD packing: which pages each prefill rank sends for a request, and where they land.
+"""PD packing, the tensor side: gather a piece's token rows into a staging block, and
+scatter a received block into the decode pool.
 
-Pure index math. Each rank sends the request's pages it owns (``page % cp_size``), each with
-its logical page position in the request, so the decode side can put it at position ``j`` of
-its own page table. Under the replicated layout (levels 0 and 1) every rank holds every page;
-the ranks then split the pages by the same ownership rule rather than all sending all, so
-each sends about ``1/cp_size`` of the request at every level.
-
-Pages that are consecutive both in the sender's pool and in the decode pool merge into one
-run: one transfer per run and tensor instead of one per page.
+A block holds, for every layer and every pool tensor (latent KV, index K, index K scale),
+the piece's ``[tokens, row_bytes]`` rows as raw bytes, one after the other. The row lists
+come from ``cpkv_core.planning.pd_pack``; here is one ``index_select`` per layer and tensor
+(into the staging buffer, no copy in between on the same device) and one ``index_copy_``
+per layer and tensor on the decode side.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from cpkv_core.planning.ownership import local_page, owner_of_page
+import torch
+from torch import Tensor
 
-
-@dataclass(frozen=True, slots=True)
-class PageRun:
-    """Token rows contiguous in the sender's pool and in the decode pool."""
-
-    positions: tuple[int, ...]
-    """Logical page positions in the request (page-table indices) the run covers."""
-    src_row: int
-    """First token row in the sender's pool."""
-    dst_row: int
-    """First token row in the decode pool."""
-    tokens: int
-    """Token rows in the run (the request's last page may be partly filled)."""
+from cpkv_core.runtime.kv_pool import PagedKVPool
 
 
-def pages_of_rank(page_table: Sequence[int], rank: int, cp_size: int) -> list[int]:
-    """Positions of the request's pages that ``rank`` sends (the pages it owns)."""
-    return [j for j, page in enumerate(page_table) if owner_of_page(page, cp_size) == rank]
+def row_views(pool: PagedKVPool) -> list[Tensor]:
+    """Every pool tensor as ``[rows, row_bytes]`` uint8, layer by layer (latent, index K,
+    scale): the order of a packed block."""
+    return [
+        tensor.view(torch.uint8).view(tensor.shape[0], -1)
+        for layer in pool.layers
+        for tensor in (layer.latent, layer.index_k, layer.index_k_scale)
+    ]
 
 
-def runs_for_rank(
-    page_table: Sequence[int],
-    dst_page_table: Sequence[int],
-    seq_len: int,
-    page_size: int,
-    cp_size: int,
-    rank: int,
-    sharded: bool,
-) -> list[PageRun]:
-    """The merged runs ``rank`` sends for one request.
+def row_bytes(views: Sequence[Tensor]) -> tuple[int, ...]:
+    """Bytes of one token row of each view; their sum is a token's bytes in a block."""
+    return tuple(int(view.shape[1]) for view in views)
 
-    Args:
-        page_table: the request's logical pages on the prefill side.
-        dst_page_table: the decode side's pages for the same positions.
-        seq_len: tokens of the request.
-        sharded: the sender's pool holds owned pages only (``page // cp_size``); otherwise
-            it holds every logical page at its own index.
+
+def pack_rows(views: Sequence[Tensor], rows: Tensor, block: Tensor) -> None:
+    """Gathers token ``rows [n]`` of every view into ``block [n * token_bytes]`` (uint8).
+
+    On the views' device the gather writes straight into ``block``; from another device it
+    gathers there and copies once.
     """
-    runs: list[PageRun] = []
-    for j in pages_of_rank(page_table, rank, cp_size):
-        page = page_table[j]
-        src = (local_page(page, cp_size) if sharded else page) * page_size
-        dst = dst_page_table[j] * page_size
-        tokens = min(page_size, seq_len - j * page_size)
-        last = runs[-1] if runs else None
-        if last and last.src_row + last.tokens == src and last.dst_row + last.tokens == dst:
-            runs[-1] = PageRun(
-                (*last.positions, j), last.src_row, last.dst_row, last.tokens + tokens
-            )
+    n = int(rows.shape[0])
+    offset = 0
+    for view in views:
+        width = int(view.shape[1])
+        out = block[offset : offset + n * width].view(n, width)
+        if out.device == view.device:
+            torch.index_select(view, 0, rows, out=out)
         else:
-            runs.append(PageRun((j,), src, dst, tokens))
-    return runs
+            out.copy_(view.index_select(0, rows.to(view.device)))
+        offset += n * width
+    assert offset == block.numel(), f"block of {block.numel()} bytes, packed {offset}"
+
+
+def unpack_rows(views: Sequence[Tensor], rows: Tensor, block: Tensor) -> None:
+    """Scatters ``block [n * token_bytes]`` (as packed by ``pack_rows``) into token ``rows
+    [n]`` of every view."""
+    n = int(rows.shape[0])
+    offset = 0
+    for view in views:
+        width = int(view.shape[1])
+        view.index_copy_(0, rows, block[offset : offset + n * width].view(n, width))
+        offset += n * width
+    assert offset == block.numel(), f"block of {block.numel()} bytes, unpacked {offset}"

@@ -1,28 +1,48 @@
-"""The PD prefill side: each CP rank sends the pages it owns of every finished request.
+"""The PD prefill side: each CP rank streams the pages it owns of every request as they fill.
 
-Per request: ask the decode server for pages (every rank asks; the answer is the same),
-write this rank's merged page runs into the decode server's registered memory, report the
-logical page positions sent, and wait for the verdict. The rank releases the request's
-pages only after the decode side acknowledged them (page reuse waits for the ack); on a
-failure it keeps them, reports the error naming the request and rank, and may retry.
+Per request: at its first chunk, ask the decode server for pages and a receive slab (every
+rank asks; the answer is the same). After every batch, queue the owned pages that batch
+completed; once enough bytes are queued, or a request's final chunk is written, pack every
+queued piece into this rank's staging buffer (registered once per process, reused) and write
+them in one call (``writer.PieceWriter``); after the final chunk, report the request's
+pieces. Once the trace is done, wait for every verdict.
+The rank releases a request's pages only after the decode side acknowledged them (page
+reuse waits for the ack); on a failure it keeps them, reports the error naming the request
+and rank, and may retry: a retry sends the whole request again the same way.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 
-from cpkv_core.pd.pack import runs_for_rank
-from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Verdict
-from cpkv_core.pd.transport import LOOPBACK, TransferError, Transport, Write
-from cpkv_core.planning.execution import KvLayout
+import numpy as np
+import torch
+from torch import Tensor
+
+from cpkv_core.pd.pack import row_bytes, row_views
+from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece, Verdict
+from cpkv_core.pd.transport import LOOPBACK, Transport
+from cpkv_core.pd.writer import Outgoing, PieceWriter, WriteStats
+from cpkv_core.planning import KvLayout, ScheduledBatch, ScheduledRequest
+from cpkv_core.planning.pd_pack import (
+    completed_pages,
+    rank_pieces,
+    sender_first_rows,
+    token_rows,
+)
 from cpkv_core.planning.tokens import token_ids
 from cpkv_core.runtime.engine import CPEngine
 
 BAD_ADDRESS_OFFSET = 1 << 40
 """Fault injection: added to destination addresses to make the engine reject a write."""
+
+STAGING_BYTES = 64 << 20
+"""Default bound of one write call: the staging buffer a rank packs pieces into."""
+
+MIN_WRITE_BYTES = 4 << 20
+"""Default bytes a rank queues before it writes (a request's final chunk writes at once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +66,13 @@ class PdTarget:
     retries: int = 0
     """Attempts after a failed one."""
     faults: PdFaults = field(default_factory=PdFaults)
+    staging_bytes: int = STAGING_BYTES
+    """Bytes of one write call at most (at least one page of every layer)."""
+    min_write_bytes: int = MIN_WRITE_BYTES
+    """Queued bytes that trigger a write before any request's final chunk (0: write after
+    every batch)."""
+    probe: bool = False
+    """After the trace, rank 0 times one large write of the trace's KV bytes (bench)."""
     local_host: str = LOOPBACK
     """This rank's address as the decode server reaches it (``--pd-local-host``): the
     host its transfer engine's session is named by."""
@@ -63,11 +90,16 @@ class SendResult:
     released: bool
     """The rank freed the request's pages (only after the decode side's ack)."""
     errors: tuple[str, ...]
-    write_seconds: float = 0.0
-    """Wall time of this rank's transfer-engine writes for the request."""
+    write_batches: tuple[int, ...] = ()
+    """The batch after which each piece of the last attempt was written (``AFTER_TRACE``
+    for a retry's)."""
 
+
+AFTER_TRACE = -1
+"""``SendResult.write_batches`` of a write sent after the trace (a retry)."""
 
 _transport: Transport | None = None
+_staging: Tensor | None = None
 
 
 def process_transport(host: str = LOOPBACK) -> Transport:
@@ -86,34 +118,35 @@ def process_transport(host: str = LOOPBACK) -> Transport:
     return _transport
 
 
-def _writes(
-    engine: CPEngine, reply: AllocReply, rid: str, rank: int, bad: bool
-) -> tuple[list[Write], tuple[int, ...]]:
-    req = engine.requests[rid]
-    runs = runs_for_rank(
-        req.page_table.tolist(),
-        reply.page_table,
-        req.seq_len,
-        engine.deploy.page_size,
-        engine.deploy.cp_size,
-        rank,
-        engine.kv_layout is KvLayout.SHARDED,
-    )
-    offset = BAD_ADDRESS_OFFSET if bad else 0
-    writes = []
-    for layer, targets in zip(engine.pool.layers, reply.targets, strict=True):
-        for tensor, target in zip(
-            (layer.latent, layer.index_k, layer.index_k_scale), targets, strict=True
-        ):
-            for run in runs:
-                writes.append(
-                    Write(
-                        src=tensor.data_ptr() + run.src_row * target.row_bytes,
-                        dst=target.address + run.dst_row * target.row_bytes + offset,
-                        length=run.tokens * target.row_bytes,
-                    )
-                )
-    return writes, tuple(p for run in runs for p in run.positions)
+def process_staging(nbytes: int, host: str = LOOPBACK) -> Tensor:
+    """This process's registered staging buffer of at least ``nbytes`` (registered once,
+    reused by every request and run; replaced only by a larger request)."""
+    global _staging
+    if _staging is None or _staging.numel() < nbytes:
+        transport = process_transport(host)
+        if _staging is not None:
+            transport.unregister(_staging)
+        _staging = torch.empty(nbytes, dtype=torch.uint8)
+        transport.register([_staging])
+    return _staging
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """One rank's side of one attempt of one request."""
+
+    number: int
+    reply: AllocReply | None
+    """None when the decode side refused pages."""
+    cursor: int = 0
+    """Slab bytes every rank's pieces filled so far."""
+    sent_upto: int = 0
+    """Positions ``0..sent_upto-1`` are packed (by their owners)."""
+    pieces: list[Piece] = field(default_factory=list)
+    bytes_sent: int = 0
+    write_batches: list[int] = field(default_factory=list)
+    failed: bool = False
+    """This rank's write failed and it sent ``Fail``."""
 
 
 def _call(conn: Connection, message: object) -> object:
@@ -121,97 +154,222 @@ def _call(conn: Connection, message: object) -> object:
     return conn.recv()
 
 
-def _start_attempt(
-    engine: CPEngine, conn: Connection, target: PdTarget, rid: str, attempt: int
-) -> tuple[int, float, str]:
-    """Asks for pages, writes this rank's pieces, reports them.
+class PdSender:
+    """One rank's PD sender for one run of a trace.
 
-    Returns:
-        (bytes written, write seconds, why pages were refused or "").
+    Every rank of the prefill group builds one with the same requests and calls
+    ``after_batch`` after every batch and ``finish`` after the trace. Never raises for a
+    transfer failure or an unreachable decode server: those become the requests' errors.
     """
-    rank = engine.comm.rank
-    remote = target.rid_prefix + rid
-    faults = target.faults if attempt == 0 else PdFaults()
-    req = engine.requests[rid]
-    next_token = token_ids(req.rid_key, req.seq_len, engine.cfg.vocab_size)
-    reply = _call(conn, Alloc(remote, attempt, req.seq_len, next_token, engine.deploy.cp_size))
-    if not isinstance(reply, AllocReply):
-        return 0, 0.0, f"decode refused pages: {reply}"
-    writes, positions = _writes(engine, reply, rid, rank, faults.fail == (rid, rank))
-    start = time.perf_counter()
-    try:
-        process_transport(target.local_host).write(reply.session, writes)
-    except TransferError as exc:
-        _call(conn, Fail(remote, attempt, rank, str(exc)))
-        return 0, 0.0, ""
-    seconds = time.perf_counter() - start
-    sent = sum(w.length for w in writes)
-    if faults.stall != (rid, rank):
-        _call(conn, Done(remote, attempt, rank, positions, sent))
-    return sent, seconds, ""
 
+    def __init__(
+        self, engine: CPEngine, target: PdTarget, final_seq_lens: Mapping[str, int]
+    ) -> None:
+        """Args:
+        final_seq_lens: every request to send, in order, with its tokens once prefilled
+            (the scheduler knows a prompt's length; its last chunk completes its last page).
+        """
+        self.engine = engine
+        self.target = target
+        self.final_seq_lens = dict(final_seq_lens)
+        self.rank = engine.comm.rank
+        self.views = row_views(engine.pool)
+        self.token_bytes = sum(row_bytes(self.views))
+        self.writer = PieceWriter(
+            process_transport(target.local_host),
+            self.views,
+            process_staging(target.staging_bytes, target.local_host),
+            target.staging_bytes,
+            target.min_write_bytes,
+        )
+        self.attempts: dict[str, _Attempt] = {}
+        self.errors: dict[str, list[str]] = {rid: [] for rid in final_seq_lens}
+        self._batch = AFTER_TRACE
+        self.broken: str | None = None
+        """Why the decode server became unreachable, once it did."""
+        self.conn: Connection | None = None
+        try:
+            self.conn = Client(target.address, authkey=target.authkey)
+        except OSError as exc:
+            self.broken = repr(exc)
 
-def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> list[SendResult]:
-    """Sends every request in ``rids`` from this rank; never raises for a transfer failure.
+    @property
+    def total_bytes(self) -> int:
+        """KV bytes of every request (all ranks' pieces together)."""
+        return sum(self.final_seq_lens.values()) * self.token_bytes
 
-    Every rank of the prefill group calls it with the same ``rids`` in the same order. All
-    requests are started before any verdict is awaited, so one slow request does not hold
-    the others back; failed ones are retried up to ``target.retries`` times.
-    """
-    rank = engine.comm.rank
-    transport = process_transport(target.local_host)
-    transport.register(
-        [
-            t
-            for layer in engine.pool.layers
-            for t in (layer.latent, layer.index_k, layer.index_k_scale)
-        ]
-    )
-    sent = dict.fromkeys(rids, 0)
-    seconds = dict.fromkeys(rids, 0.0)
-    errors: dict[str, list[str]] = {rid: [] for rid in rids}
-    ready: set[str] = set()
-    attempts = dict.fromkeys(rids, 0)
-    try:
-        with Client(target.address, authkey=target.authkey) as conn:
-            todo = list(rids)
-            for attempt in range(target.retries + 1):
+    def after_batch(self, batch: ScheduledBatch) -> None:
+        """Queues the owned pages each request of ``batch`` completed and writes the queue
+        when a request had its final chunk or enough bytes wait; then reports the finished
+        requests. Call it once the batch's KV is written."""
+        self._batch = batch.batch
+        if self.broken is not None:
+            return
+        finals = []
+        try:
+            for req in batch.requests:
+                if req.rid not in self.final_seq_lens:
+                    continue
+                state = self.attempts.get(req.rid) or self._start(req, 0)
+                final = req.seq_len == self.final_seq_lens[req.rid]
+                self._queue(req, state, completed_pages(req.seq_len, self._page_size, final))
+                if final:
+                    finals.append(req.rid)
+            if finals or self.writer.due:
+                self._flush()
+            for rid in finals:
+                self._report(rid, self.attempts[rid])
+        except (EOFError, OSError) as exc:
+            self.broken = repr(exc)
+
+    @property
+    def stats(self) -> WriteStats:
+        """What this rank's writes cost so far."""
+        return self.writer.stats
+
+    @property
+    def _page_size(self) -> int:
+        return self.engine.deploy.page_size
+
+    def _remote(self, rid: str) -> str:
+        return self.target.rid_prefix + rid
+
+    def _faults(self, attempt: int) -> PdFaults:
+        return self.target.faults if attempt == 0 else PdFaults()
+
+    def _start(self, req: ScheduledRequest, number: int) -> _Attempt:
+        """Asks the decode side for pages and a slab for one attempt."""
+        final = self.final_seq_lens[req.rid]
+        next_token = token_ids(req.rid_key, final, self.engine.cfg.vocab_size)
+        alloc = Alloc(self._remote(req.rid), number, final, next_token, self.engine.deploy.cp_size)
+        reply = _call(self._connection(), alloc)
+        state = _Attempt(number, reply if isinstance(reply, AllocReply) else None)
+        if state.reply is None:
+            self._error(req.rid, number, f"decode refused pages: {reply}")
+        elif state.reply.row_bytes != row_bytes(self.views):
+            raise RuntimeError(
+                f"decode pool rows {state.reply.row_bytes} differ from this rank's "
+                f"{row_bytes(self.views)}: prefill and decode must share model and dtypes"
+            )
+        self.attempts[req.rid] = state
+        return state
+
+    def _connection(self) -> Connection:
+        if self.conn is None:
+            raise OSError(f"no connection to the decode server: {self.broken}")
+        return self.conn
+
+    def _error(self, rid: str, attempt: int, reason: str) -> None:
+        self.errors[rid].append(f"request {rid} rank {self.rank} attempt {attempt}: {reason}")
+
+    def _queue(self, req: ScheduledRequest, state: _Attempt, stop: int) -> None:
+        """Queues this rank's pieces of the positions in ``[state.sent_upto, stop)``."""
+        if stop <= state.sent_upto:
+            return
+        ps, cp_size = self._page_size, self.engine.deploy.cp_size
+        seq_len = self.final_seq_lens[req.rid]
+        table = np.asarray(req.page_table, dtype=np.int64)
+        pieces, cursor = rank_pieces(
+            table,
+            state.sent_upto,
+            stop,
+            seq_len,
+            ps,
+            cp_size,
+            self.rank,
+            self.token_bytes,
+            state.cursor,
+            self.target.staging_bytes,
+        )
+        state.cursor, state.sent_upto = cursor, stop
+        if state.reply is None or state.failed:
+            return
+        sharded = self.engine.kv_layout is KvLayout.SHARDED
+        first_rows = sender_first_rows(table, ps, cp_size, sharded)
+        bad = self._faults(state.number).fail == (req.rid, self.rank)
+        for offset, positions in pieces:
+            dst = state.reply.slab + offset + (BAD_ADDRESS_OFFSET if bad else 0)
+            rows = token_rows(first_rows, positions, seq_len, ps)
+            piece = Piece(offset, tuple(positions.tolist()))
+            self.writer.add(Outgoing(req.rid, rows, dst, state.reply.session, piece))
+
+    def _flush(self) -> None:
+        """Writes every queued piece; a request whose write failed sends ``Fail``."""
+        landed, failed = self.writer.flush()
+        for out in landed:
+            state = self.attempts[out.rid]
+            state.pieces.append(out.piece)
+            state.bytes_sent += len(out.rows) * self.token_bytes
+            state.write_batches.append(self._batch)
+        for rid, reason in failed.items():
+            state = self.attempts[rid]
+            if not state.failed:
+                state.failed = True
+                _call(self._connection(), Fail(self._remote(rid), state.number, self.rank, reason))
+
+    def _report(self, rid: str, state: _Attempt) -> None:
+        """Reports every piece of the attempt (unless refused, failed or stalled)."""
+        if state.reply is None or state.failed:
+            return
+        if self._faults(state.number).stall == (rid, self.rank):
+            return
+        done = Done(
+            self._remote(rid), state.number, self.rank, tuple(state.pieces), state.bytes_sent
+        )
+        _call(self._connection(), done)
+
+    def finish(self) -> list[SendResult]:
+        """Awaits every request's verdict, retries failed ones, releases acknowledged pages."""
+        ready: set[str] = set()
+        todo = [rid for rid in self.final_seq_lens if rid in self.attempts]
+        try:
+            if self.writer.pending and self.broken is None:
+                self._flush()  # NOTE: empty after a whole trace; kept for partial runs
+            for number in range(self.target.retries + 1):
+                if self.broken is not None:
+                    break
+                if number > 0:
+                    for rid in todo:
+                        self._resend(rid, number)
                 for rid in todo:
-                    attempts[rid] = attempt + 1
-                    sent[rid], seconds[rid], refused = _start_attempt(
-                        engine, conn, target, rid, attempt
-                    )
-                    if refused:
-                        errors[rid].append(
-                            f"request {rid} rank {rank} attempt {attempt}: {refused}"
-                        )
-                for rid in todo:
-                    verdict = _call(conn, Await(target.rid_prefix + rid, attempt, rank))
+                    verdict = _call(self._connection(), Await(self._remote(rid), number, self.rank))
                     assert isinstance(verdict, Verdict), verdict
                     if verdict.ready:
-                        engine.forget(rid)  # page reuse waits for the ack
+                        self.engine.forget(rid)  # page reuse waits for the ack
                         ready.add(rid)
                     else:
-                        errors[rid].append(
-                            f"request {rid} rank {rank} attempt {attempt}: {verdict.reason}"
-                        )
+                        self._error(rid, number, verdict.reason)
                 todo = [rid for rid in todo if rid not in ready]
-    except (EOFError, OSError) as exc:
-        for rid in rids:
-            if rid not in ready:
-                errors[rid].append(f"request {rid} rank {rank}: decode server unreachable: {exc!r}")
-    finally:
-        transport.close()
-    return [
-        SendResult(
+        except (EOFError, OSError) as exc:
+            self.broken = repr(exc)
+        finally:
+            if self.conn is not None:
+                self.conn.close()
+        return [self._result(rid, rid in ready) for rid in self.final_seq_lens]
+
+    def _resend(self, rid: str, number: int) -> None:
+        """A new attempt of ``rid``: the whole request at once."""
+        req = self.engine.requests[rid]
+        self._batch = AFTER_TRACE
+        state = self._start(req, number)
+        self._queue(req, state, completed_pages(req.seq_len, self._page_size, final=True))
+        self._flush()
+        self._report(rid, state)
+
+    def _result(self, rid: str, ready: bool) -> SendResult:
+        errors = list(self.errors[rid])
+        if self.broken is not None and not ready:
+            errors.append(
+                f"request {rid} rank {self.rank}: decode server unreachable: {self.broken}"
+            )
+        state = self.attempts.get(rid)
+        return SendResult(
             rid=rid,
-            rank=rank,
-            ready=rid in ready,
-            attempts=attempts[rid],
-            bytes_sent=sent[rid],
-            released=rid in ready,
-            errors=tuple(errors[rid]),
-            write_seconds=seconds[rid],
+            rank=self.rank,
+            ready=ready,
+            attempts=state.number + 1 if state else 0,
+            bytes_sent=state.bytes_sent if state else 0,
+            released=ready,
+            errors=tuple(errors),
+            write_batches=tuple(state.write_batches) if state else (),
         )
-        for rid in rids
-    ]

@@ -1,7 +1,7 @@
-"""PD control messages: small, picklable, sent over a loopback control channel.
+"""PD control messages: small, picklable, sent over a control channel to the decode host.
 
 KV bytes never travel here; they go through the transfer engine into registered memory.
-The channel is ``multiprocessing.connection`` over TCP on 127.0.0.1 with an auth key: a real
+The channel is ``multiprocessing.connection`` over TCP (``--pd-host``) with an auth key: a real
 socket, in the standard library, carrying one pickled message per call.
 """
 
@@ -27,35 +27,45 @@ class Alloc:
 
 
 @dataclass(frozen=True, slots=True)
-class TensorTarget:
-    """Where one pool tensor of one layer lives on the decode side."""
-
-    address: int
-    row_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
 class AllocReply:
-    """Pages for the request and the registered memory to write them into."""
+    """Pages for the request and the registered receive slab to write its pieces into."""
 
     rid: str
     attempt: int
     session: str
     """Transfer-engine session of the decode server (``host:port``)."""
     page_table: tuple[int, ...]
-    targets: tuple[tuple[TensorTarget, ...], ...]
-    """Per layer: latent KV, index K, index K scale."""
+    slab: int
+    """Address of the attempt's receive slab: ``seq_len * token_bytes`` registered bytes."""
+    row_bytes: tuple[int, ...]
+    """Bytes of a token row of each pool tensor, layer by layer (latent, index K, scale);
+    a sender checks its own pool has the same layout."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A packed block a rank wrote into the attempt's slab."""
+
+    offset: int
+    """Byte offset of the block in the slab."""
+    positions: tuple[int, ...]
+    """Logical page positions the block holds, in block order."""
 
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """A prefill rank wrote its pieces and names the page positions; replied with None."""
+    """A prefill rank wrote all its pieces of an attempt; replied with None."""
 
     rid: str
     attempt: int
     rank: int
-    positions: tuple[int, ...]
+    pieces: tuple[Piece, ...]
     bytes_sent: int
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        """Every page position the rank wrote."""
+        return tuple(p for piece in self.pieces for p in piece.positions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +128,29 @@ class ReportReply:
     requests: tuple[RequestReport, ...]
     free_pages: int
     errors: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Asks for a registered scratch buffer of ``nbytes`` to time one large write into
+    (``cpkv bench``'s baseline); replied with ``ProbeReply``."""
+
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeReply:
+    """Where to write the probe."""
+
+    session: str
+    address: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeEnd:
+    """Frees the probe buffer at ``address``; replied with None."""
+
+    address: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """The PD transport: Mooncake Transfer Engine, TCP on loopback here, RDMA in production.
 
-The only module that imports ``mooncake``. Memory is registered once per pool tensor; a
-transfer writes a batch of (source address, destination address, length) triples into the
-peer's registered memory and returns when they have landed.
+The only module that imports ``mooncake``. Memory is registered once per buffer (a prefill
+rank's staging buffer, the decode server's receive buffer); a transfer writes a batch of
+(source address, destination address, length) triples into the peer's registered memory
+and returns when they have landed.
 """
 
 from __future__ import annotations
@@ -78,6 +79,13 @@ class Transport:
             if rc != 0:
                 raise TransferError(f"registering {tensor.numel()} elements failed: rc={rc}")
             self._registered.append(address)
+
+    def unregister(self, tensor: Tensor) -> None:
+        """Unregisters the memory of one registered tensor."""
+        address = tensor.data_ptr()
+        if address in self._registered:
+            self._engine.unregister_memory(address)
+            self._registered.remove(address)
 
     def write(self, session: str, writes: Sequence[Write]) -> None:
         """Writes every piece into ``session``'s registered memory; returns once they landed.

@@ -1,0 +1,148 @@
+"""PD packing: which token rows each prefill rank packs for a request, and where they land.
+
+Pure index math (numpy). A rank sends the request's pages it owns (``page % cp_size``), each
+with its logical page position ``j`` in the request, so the decode side can put it at
+position ``j`` of its own page table. Under the replicated layout (levels 0 and 1) every
+rank holds every page; the ranks still split the pages by the same ownership rule.
+
+Sends stream: after each batch a rank sends the positions that batch completed (full
+pages, and the last, partly filled page once the request's final chunk is written). The
+positions are packed into a staging buffer as one block per piece, laid out layer by
+layer and tensor by tensor (latent, index K, scale), each ``[tokens, row_bytes]`` with the
+piece's tokens in position order. The decode side gives an attempt one receive slab of
+``seq_len * token_bytes``; every rank computes where each rank's piece goes in it from the
+page tables alone (``piece_offsets``), so no two ranks' pieces overlap and the slab is
+filled exactly once, without a message per piece.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from cpkv_core.planning.ownership import local_page, owner_of_page
+
+Ints = npt.NDArray[np.int64]
+
+
+def completed_pages(seq_len: int, page_size: int, final: bool) -> int:
+    """Page positions whose KV is complete once ``seq_len`` tokens are written.
+
+    Full pages only, unless this was the request's final chunk: then its last, partly filled
+    page is complete as well.
+    """
+    return -(-seq_len // page_size) if final else seq_len // page_size
+
+
+def owned_positions(page_table: Ints, start: int, stop: int, rank: int, cp_size: int) -> Ints:
+    """Positions in ``[start, stop)`` whose logical page ``rank`` owns, ascending."""
+    positions = np.arange(start, stop, dtype=np.int64)
+    pages = np.asarray(page_table, dtype=np.int64)[start:stop]
+    owned: Ints = positions[owner_of_page(pages, cp_size) == rank]
+    return owned
+
+
+def tokens_of_positions(positions: Ints, seq_len: int, page_size: int) -> Ints:
+    """Tokens stored at each page position (the last page may be partly filled)."""
+    return np.minimum(page_size, seq_len - positions * page_size).astype(np.int64)
+
+
+def token_rows(first_rows: Ints, positions: Ints, seq_len: int, page_size: int) -> Ints:
+    """Pool rows of every token of ``positions``, in position then token order.
+
+    Args:
+        first_rows: ``[pages]`` the pool row of each position's first token.
+        positions: ``[n]`` page positions of the request.
+        seq_len: tokens of the request once complete.
+    """
+    counts = tokens_of_positions(positions, seq_len, page_size)
+    starts = np.repeat(np.asarray(first_rows, dtype=np.int64)[positions], counts)
+    ends = np.cumsum(counts)
+    within = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(
+        ends - counts, counts
+    )
+    return starts + within
+
+
+def sender_first_rows(page_table: Ints, page_size: int, cp_size: int, sharded: bool) -> Ints:
+    """The prefill pool row of each position's first token: the owner's physical page under
+    the sharded layout, the logical page itself under the replicated one."""
+    pages = np.asarray(page_table, dtype=np.int64)
+    return (local_page(pages, cp_size) if sharded else pages) * page_size
+
+
+def piece_offsets(
+    page_table: Ints,
+    start: int,
+    stop: int,
+    seq_len: int,
+    page_size: int,
+    cp_size: int,
+    token_bytes: int,
+    cursor: int,
+) -> Ints:
+    """Slab offset of every rank's piece for positions ``[start, stop)``.
+
+    The pieces of one step go in rank order after ``cursor`` (the bytes earlier steps
+    placed), each ``tokens x token_bytes`` long. Every rank computes the same table.
+
+    Returns:
+        ``[cp_size + 1]`` offsets; rank ``r``'s piece is ``[out[r], out[r + 1])`` and
+        ``out[cp_size]`` is the cursor for the next step.
+    """
+    positions = np.arange(start, stop, dtype=np.int64)
+    owners = owner_of_page(np.asarray(page_table, dtype=np.int64)[start:stop], cp_size)
+    tokens = tokens_of_positions(positions, seq_len, page_size)
+    per_rank = np.bincount(owners, weights=tokens, minlength=cp_size).astype(np.int64)
+    return cursor + np.concatenate(([0], np.cumsum(per_rank * token_bytes))).astype(np.int64)
+
+
+def split_by_capacity(
+    positions: Ints, page_size: int, token_bytes: int, capacity: int
+) -> list[Ints]:
+    """``positions`` cut into consecutive runs that fit a staging buffer of ``capacity``
+    bytes (whole pages per run; a page never spans two runs).
+
+    Raises:
+        ValueError: the staging buffer cannot hold one page.
+    """
+    page_bytes = page_size * token_bytes
+    if capacity < page_bytes:
+        raise ValueError(
+            f"PD staging buffer needs at least one page ({page_bytes} bytes), got {capacity}"
+        )
+    per_run = capacity // page_bytes
+    return [positions[i : i + per_run] for i in range(0, len(positions), per_run)]
+
+
+def rank_pieces(
+    page_table: Ints,
+    start: int,
+    stop: int,
+    seq_len: int,
+    page_size: int,
+    cp_size: int,
+    rank: int,
+    token_bytes: int,
+    cursor: int,
+    capacity: int,
+) -> tuple[list[tuple[int, Ints]], int]:
+    """What ``rank`` writes for the positions ``[start, stop)`` one step completed.
+
+    Args:
+        seq_len: tokens of the request once complete.
+        cursor: slab bytes earlier steps filled (every rank's pieces).
+        capacity: staging bytes, the most one write carries.
+
+    Returns:
+        (slab offset and positions of each write, the cursor for the next step).
+    """
+    offsets = piece_offsets(
+        page_table, start, stop, seq_len, page_size, cp_size, token_bytes, cursor
+    )
+    mine = owned_positions(page_table, start, stop, rank, cp_size)
+    pieces, offset = [], int(offsets[rank])
+    for run in split_by_capacity(mine, page_size, token_bytes, capacity):
+        pieces.append((offset, run))
+        offset += int(tokens_of_positions(run, seq_len, page_size).sum()) * token_bytes
+    return pieces, int(offsets[-1])
