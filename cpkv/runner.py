@@ -14,6 +14,7 @@ from enum import StrEnum
 
 import torch
 
+from cpkv.batch_commit import rank_state, roll_back
 from cpkv.loop import HostLoop, LoopStep
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.dist import (
@@ -50,12 +51,16 @@ class RankFault(RuntimeError):
     """A rank failed inside a batch: names the rank, the level and the batch.
 
     The other ranks stop at their next collective (the group is aborted or torn down);
-    the batch did not commit on this rank.
+    the batch did not commit on this rank: its pool rows are restored and, on rank 0, the
+    scheduler is rolled back (``batch_commit``); ``note`` says so.
     """
 
-    def __init__(self, rank: int, level: int, batch: int, cause: BaseException) -> None:
+    def __init__(
+        self, rank: int, level: int, batch: int, cause: BaseException, note: str = ""
+    ) -> None:
         super().__init__(
-            f"rank {rank} failed in batch {batch} (level {level}): {type(cause).__name__}: {cause}"
+            f"rank {rank} failed in batch {batch} (level {level}): {type(cause).__name__}: "
+            f"{cause}" + (f"; {note}" if note else "")
         )
         self.rank, self.level, self.batch = rank, level, batch
 
@@ -150,6 +155,7 @@ def _run_level(
     engine: CPEngine | None = None
     outputs, steps = [], []
     for batch in job.batches:
+        scheduler = loop.scheduler.state() if job.debug_checks and loop is not None else None
         step = comm.broadcast_object(loop.step(batch) if loop is not None else None)
         assert isinstance(step, LoopStep), f"rank {comm.rank} got {type(step)} for a step"
         if engine is None:
@@ -166,11 +172,13 @@ def _run_level(
             )
         if job.exit_at == (comm.rank, batch.batch):
             os._exit(17)
+        before = rank_state(engine, scheduler) if job.debug_checks else None
         try:
             with torch.no_grad():
                 out = engine.run_batch(step.scheduled, step.decision.plan, step.shadow)
         except Exception as exc:
-            raise RankFault(comm.rank, job.levels[run], batch.batch, exc) from exc
+            note = roll_back(engine, loop, batch.batch, before)
+            raise RankFault(comm.rank, job.levels[run], batch.batch, exc, note) from exc
         outputs.append(_to_host(out))
         if loop is not None:
             # NOTE: every rank reached the same verdict; rank 0's gate acts on it before
@@ -230,6 +238,18 @@ def _level_runs(job: RankJob, per_rank: Sequence[list[RankRun]]) -> list[LevelRu
     return runs
 
 
+def _where(jobs: Sequence[RankJob], last: list[BatchProgress]) -> str:
+    """The batch a stopped group was in, from the last batch rank 0 finished (single job)."""
+    if not last:
+        return "before any batch had finished"
+    run, done = last[0].run, last[0].batch
+    numbers = [b.batch for b in jobs[0].batches]
+    if len(jobs) == 1 and done in numbers[:-1]:
+        failed = numbers[numbers.index(done) + 1]
+        return f"in run {run} batch {failed}, after batch {done} had finished"
+    return f"after run {run} batch {done} had finished"
+
+
 def run_jobs_on_gloo(
     jobs: Sequence[RankJob],
     on_progress: Callable[[BatchProgress], None] | None = None,
@@ -255,8 +275,7 @@ def run_jobs_on_gloo(
     except RuntimeError as exc:
         # NOTE: a rank that died or stalled reports nothing; the batch after the last one
         # rank 0 finished is the one it was in.
-        done = f"after run {last[0].run} batch {last[0].batch}" if last else "before any batch"
-        raise RuntimeError(f"{exc}\n(the group stopped {done} had finished)") from exc
+        raise RuntimeError(f"{exc}\n(the group stopped {_where(jobs, last)})") from exc
     runs = []
     for index, job in enumerate(jobs):
         pieces = [per_rank[rank][index] for rank in range(job.deploy.cp_size)]

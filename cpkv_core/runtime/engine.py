@@ -138,6 +138,10 @@ class CPEngine:
 
         ``shadow`` (a sampled batch) replaces the single run: the candidate and fallback
         paths are run and compared, and the surviving one is served (``runtime.shadow``).
+
+        All or nothing: if any part raises, this rank's pool rows the batch wrote are
+        restored and nothing is committed (``requests``, ``stored_pages``); the caller rolls
+        the scheduler back (``Scheduler.rollback``) and may run the batch again.
         """
         start = time.perf_counter()
         before = self._gathered_bytes()
@@ -173,11 +177,22 @@ class CPEngine:
         return host, tensors
 
     def run_plan(
-        self, batch: ScheduledBatch, plan: ExecutionPlan, reads: list[KVRows] | None = None
+        self, batch: ScheduledBatch, plan: ExecutionPlan
     ) -> tuple[HostPlan, BatchTensors, StepOutput]:
-        """Plans and runs one path of a batch (no commit)."""
+        """Plans and runs one path of a batch (no commit), all or nothing for the pool.
+
+        The rows the batch is about to write (``write_dest``, known from the host plan) are
+        saved first, with device ops only; if the run raises (a failed layer, a peer that
+        died or stalled in a collective), they are written back before the error goes on,
+        so the pool is as it was before the batch. A run that succeeds only pays the copy.
+        """
         host, tensors = self.prepare(batch, plan)
-        return host, tensors, self.run_step(host, tensors, batch, reads)
+        saved = self.pool.save_rows(tensors.write_dest)
+        try:
+            return host, tensors, self.run_step(host, tensors, batch)
+        except BaseException:
+            self.pool.restore_rows(saved)
+            raise
 
     def run_step(
         self,

@@ -189,6 +189,10 @@ def run_shadowed(engine: CPEngine, batch: ScheduledBatch, shadow: ShadowPlan) ->
                 mismatches.append(ShadowMismatch(phase, worst, _WHAT[code]))
                 excluded |= {phase}
             served = fallback.served if code else cand.served
+    except BaseException:
+        # NOTE: a failed batch commits nothing: the pool goes back to its pre-batch rows.
+        guard.restore()
+        raise
     finally:
         engine.comm = main_comm
     if served is None:
