@@ -43,6 +43,7 @@ from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import Fault
 from cpkv_core.traces import Trace, load_trace
 from flags import debug_benchmark_warning, resolve_flags
+from flags.checks import MAX_BATCH_TIMEOUT_S
 from phases.gate import levels_of
 from phases.registry import REGISTERED_PHASES
 
@@ -92,6 +93,15 @@ DeviceOpt = Annotated[
     Device,
     typer.Option("--device", help="Where weights, pools and the run step live; meta: a dry run."),
 ]
+BatchTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--batch-timeout-s",
+        metavar="SECONDS",
+        help="Seconds a batch's collective waits for a stalled rank; then the run stops, "
+        "naming the rank and the batch. Default: the flags (60).",
+    ),
+]
 IndexDtypeOpt = Annotated[
     IndexKDtype, typer.Option("--index-k-dtype", help="Storage dtype of the indexer key cache.")
 ]
@@ -134,6 +144,7 @@ def _run_verify(
             str(device),
             settings.shadow_rate,
             fault,
+            settings.batch_timeout_s,
         )
 
     if not show_progress:
@@ -169,6 +180,7 @@ def verify(
     device: DeviceOpt = Device.CPU,
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
+    batch_timeout_s: BatchTimeoutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run TRACE on CP ranks at every level 0..highest enabled phase and compare every batch
@@ -185,6 +197,7 @@ def verify(
             index_k_dtype,
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
+            batch_timeout_s=batch_timeout_s,
         )
         fault = parse_fault(inject_fault)
         model = _runnable_model(model_name)
@@ -349,6 +362,7 @@ def demo(
     device: DeviceOpt = Device.CPU,
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
+    batch_timeout_s: BatchTimeoutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The main job on built-in defaults: a built-in trace through the gate with every phase
@@ -360,13 +374,18 @@ def demo(
         rate = flags.shadow_rate if shadow_rate is None else shadow_rate
         if not 0.0 <= rate <= 1.0:
             raise BadInput(f"--shadow-rate must be in 0..1, got {rate}")
+        timeout = flags.batch_timeout_s if batch_timeout_s is None else batch_timeout_s
+        if not 0.0 < timeout <= MAX_BATCH_TIMEOUT_S:
+            raise BadInput(
+                f"--batch-timeout-s must be in (0, {MAX_BATCH_TIMEOUT_S:g}] seconds, got {timeout}"
+            )
         fault = parse_fault(inject_fault)
         trace = demo_trace(page_size)
         check_device(device)
     if device is Device.META:
         _dry_run_exit(deploy, trace, as_json)
     settings = RunSettings(
-        deploy, frozenset(REGISTERED_PHASES), None, flags.debug_cp_shared_kv, rate
+        deploy, frozenset(REGISTERED_PHASES), None, flags.debug_cp_shared_kv, rate, timeout
     )
     if not as_json:
         tokens = sum(b.num_tokens for b in trace.batches)
@@ -402,6 +421,7 @@ def _pd_job(trace: Trace, settings: RunSettings, fault: Fault | None = None) -> 
         settings.debug_checks,
         settings.shadow_rate,
         fault,
+        settings.batch_timeout_s,
     )
 
 
@@ -441,6 +461,7 @@ def pd(
     device: DeviceOpt = Device.CPU,
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
+    batch_timeout_s: BatchTimeoutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Prefill TRACE on CP ranks at the highest enabled level and send every request to a
@@ -456,6 +477,7 @@ def pd(
             cp_mode,
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
+            batch_timeout_s=batch_timeout_s,
         )
         fault = parse_fault(inject_fault)
         trace = load_trace(trace_path, settings.deploy.page_size)

@@ -275,6 +275,8 @@ class PdJob:
     """Share of prefill batches shadow-verified."""
     fault: Fault | None = None
     """A game-day fault injected into the prefill's candidate path."""
+    batch_timeout_s: float = 60.0
+    """Seconds a prefill batch's collective waits for a stalled rank."""
 
 
 def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
@@ -319,6 +321,7 @@ def run_pd(
                 debug_checks=job.debug_checks,
                 shadow_rate=job.shadow_rate,
                 fault=job.fault,
+                batch_timeout_s=job.batch_timeout_s,
                 pd=PdTarget(
                     decode.address, decode.authkey, f"j{index}/", retries, faults or PdFaults()
                 ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -92,6 +93,13 @@ class RankJob:
     exit_at: tuple[int, int] | None = None
     """Game day for rank faults: ``(rank, batch)`` exits abruptly (no cleanup) before
     running that batch, as a killed process would."""
+    batch_timeout_s: float = 60.0
+    """Seconds one collective of a batch waits for a stalled rank (``--batch-timeout-s``);
+    then every waiting rank stops and the run names the stalled one. Distinct from the
+    run's whole timeout."""
+    stall_at: tuple[int, int, float] | None = None
+    """Game day for a stalled rank: ``(rank, batch, seconds)`` sleeps that long before
+    running that batch, while the others wait in its first collective."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +180,8 @@ def _run_level(
             )
         if job.exit_at == (comm.rank, batch.batch):
             os._exit(17)
+        if job.stall_at is not None and job.stall_at[:2] == (comm.rank, batch.batch):
+            time.sleep(job.stall_at[2])
         before = rank_state(engine, scheduler) if job.debug_checks else None
         try:
             with torch.no_grad():
@@ -207,16 +217,14 @@ def _run_job(
 
 
 def run_jobs_rank(comm: Communicator, jobs: tuple[RankJob, ...]) -> list[list[RankRun] | None]:
-    """Entry point of a spawned rank: runs every job on the first ``cp_size`` ranks of the
-    group (a subgroup when smaller), streaming progress to the parent; None where this rank
-    is not in a job's group."""
+    """Entry point of a spawned rank: runs every job on a subgroup of the first ``cp_size``
+    ranks with the job's batch timeout, streaming progress to the parent; None where this
+    rank is not in a job's group."""
     results: list[list[RankRun] | None] = []
     for job in jobs:
-        cp_size = job.deploy.cp_size
-        if cp_size == comm.world_size:
-            member: Communicator | None = comm
-        else:
-            member = new_group_communicator(range(cp_size))
+        # NOTE: the job's own group carries the batch timeout (the default group's is the
+        # whole run's, which the rendezvous of freshly started processes needs).
+        member = new_group_communicator(range(job.deploy.cp_size), job.batch_timeout_s)
         results.append(_run_job(member, job, report_progress) if member is not None else None)
     return results
 
@@ -294,7 +302,9 @@ def run_levels(
     if backend is Backend.GLOO:
         return run_jobs_on_gloo([job], on_progress, timeout_s)[0]
     cp_size = job.deploy.cp_size
-    per_rank = run_local(cp_size, lambda comm: _run_job(comm, job, on_progress), timeout_s)
+    per_rank = run_local(
+        cp_size, lambda comm: _run_job(comm, job, on_progress), min(timeout_s, job.batch_timeout_s)
+    )
     return _level_runs(job, per_rank)
 
 

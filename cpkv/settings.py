@@ -17,6 +17,7 @@ VALUE_PROBLEMS = frozenset(
         ProblemCode.MAX_PHASE_OUT_OF_RANGE,
         ProblemCode.CP_MIN_TOKENS_BELOW_ZERO,
         ProblemCode.SHADOW_RATE_OUT_OF_RANGE,
+        ProblemCode.BATCH_TIMEOUT_OUT_OF_RANGE,
     }
 )
 """Problems that make a run meaningless; combination problems are the gate's to report."""
@@ -32,6 +33,8 @@ class RunSettings:
     debug_checks: bool
     shadow_rate: float = 0.0
     """Share of batches shadow-verified (``--shadow-rate``)."""
+    batch_timeout_s: float = 60.0
+    """Seconds a batch's collective waits for a stalled rank (``--batch-timeout-s``)."""
 
 
 def resolve_run(
@@ -43,6 +46,7 @@ def resolve_run(
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
     cp_min_tokens: int | None = None,
     shadow_rate: float | None = None,
+    batch_timeout_s: float | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
@@ -63,6 +67,8 @@ def resolve_run(
         cli["nsa_prefill_cp_min_tokens"] = cp_min_tokens
     if shadow_rate is not None:
         cli["shadow_rate"] = shadow_rate
+    if batch_timeout_s is not None:
+        cli["batch_timeout_s"] = batch_timeout_s
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:
@@ -72,5 +78,10 @@ def resolve_run(
     )
     enabled = parse_phase_list(phases) if phases is not None else flags.enabled_phases()
     return RunSettings(
-        deploy, enabled, flags.max_phase, flags.debug_cp_shared_kv, flags.shadow_rate
+        deploy,
+        enabled,
+        flags.max_phase,
+        flags.debug_cp_shared_kv,
+        flags.shadow_rate,
+        flags.batch_timeout_s,
     )

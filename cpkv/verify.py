@@ -151,6 +151,7 @@ def verify_levels(
     device: str = "cpu",
     shadow_rate: float = 0.0,
     fault: Fault | None = None,
+    batch_timeout_s: float = 60.0,
 ) -> VerifyReport:
     """Runs ``batches`` once per level in one group (the gate deciding each batch as the run
     goes) and compares every run with the reference, which runs the scheduled batches of
@@ -167,6 +168,7 @@ def verify_levels(
         device=device,
         shadow_rate=shadow_rate,
         fault=fault,
+        batch_timeout_s=batch_timeout_s,
     )
     runs = run_levels(job, backend, on_progress)
     reference = run_reference(model, job, [step.scheduled for step in runs[0].steps])

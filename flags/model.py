@@ -52,6 +52,8 @@ class FlagSet(BaseModel):
     """CP size of the decode server receiving this prefill server's KV; 1 means no CP there."""
     shadow_rate: float = 0.0
     """Share of batches (0..1) run twice and compared: the chosen path against its fallback."""
+    batch_timeout_s: float = 60.0
+    """Seconds a batch's collective waits for a stalled rank, then the run stops naming it (> 0)."""
     debug_cp_shared_kv: bool = False
     """Environment only: runtime invariant checks; they may synchronise, so not for benchmarks."""
     max_phase: int | None = None
