@@ -22,7 +22,7 @@ from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from cpkv.devices import Device, check_device
 from cpkv.dry_run import dry_run_levels
-from cpkv.explain import explain_trace
+from cpkv.explain import explain_trace, parse_killed
 from cpkv.help_text import tidy_help
 from cpkv.out_dir import out_option, print_written
 from cpkv.pd import PdJob, PdReport, run_pd
@@ -237,6 +237,15 @@ def explain(
         int | None,
         typer.Option("--batch", metavar="N", help="Show batch N in full: requests, every reason."),
     ] = None,
+    killed: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--killed",
+            metavar="PHASE@BATCH",
+            help="Replay a kill switch a live run tripped (verify's shadow.kills): PHASE is "
+            "KILLED from the batch after BATCH on. Repeatable.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     out_dir: Annotated[Path | None, out_option("explain.json and phases-by-batch.png")] = None,
 ) -> None:
@@ -247,7 +256,10 @@ def explain(
             config, phases, cp_size, page_size, cp_mode, cp_min_tokens=cp_min_tokens
         )
         trace = load_trace(trace_path, settings.deploy.page_size)
-    report = explain_trace(trace.batches, settings.enabled, settings.deploy, settings.ceiling)
+        kills = parse_killed(killed or [], trace.batches)
+    report = explain_trace(
+        trace.batches, settings.enabled, settings.deploy, settings.ceiling, kills
+    )
     if batch is not None:
         with bad_input_exits():
             i = _batch_index(report.batches, batch)
