@@ -175,7 +175,7 @@ def test_shadow_rate_comes_from_env_and_config(
     [
         (["--shadow-rate", "1.5"], "SHADOW_RATE_OUT_OF_RANGE"),
         (["--inject-fault", "2"], "PHASE in 1, 3, 4, 5"),
-        (["--inject-fault", "5:owner"], "takes KIND drop, row"),
+        (["--inject-fault", "5:wrong"], "takes KIND drop, row, owner"),
     ],
 )
 def test_bad_shadow_options_are_bad_input(args: list[str], words: str) -> None:
