@@ -12,6 +12,7 @@ traceback, a half-written file) is a failure.
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import time
@@ -20,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import typer
+from typer.testing import CliRunner
 
 from cpkv_core.traces import TraceError, parse_trace_text
 from flags import check_flags, resolve_flags
@@ -175,13 +179,26 @@ def _phase_change(st: Any) -> Any:
     )
 
 
+@functools.cache
+def _cli() -> CliRunner:
+    return CliRunner()
+
+
+@functools.cache
+def _app() -> typer.Typer:
+    """``cpkv enable`` and ``cpkv disable`` alone: the same command functions and options as
+    the app, without building its other commands on every invoke (typer rebuilds them)."""
+    from cpkv import flag_commands
+
+    app = typer.Typer(add_completion=False)
+    app.command("enable")(flag_commands.enable_command)
+    app.command("disable")(flag_commands.disable_command)
+    return app
+
+
 def _phase_change_case(case: tuple[str, str, list[str], str | None, dict[str, str], bool]) -> None:
     """Exit 0 (the file then holds the change), 1 (refused, the file unchanged) or 2 (an
     error message, the file unchanged); a traceback or a half-written file is a failure."""
-    from typer.testing import CliRunner
-
-    from cpkv.cli import app  # NOTE: the app imports this module's command lazily
-
     action, phase, options, text, env, by_env = case
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cpkv.toml"
@@ -190,7 +207,7 @@ def _phase_change_case(case: tuple[str, str, list[str], str | None, dict[str, st
         before = path.read_bytes() if path.exists() else None
         where = [] if by_env else ["--config", str(path)]
         env = env | {"CPKV_CONFIG": str(path)} if by_env else env
-        result = CliRunner().invoke(app, [action, phase, *options, *where], env=env)
+        result = _cli().invoke(_app(), [action, phase, *options, *where], env=env)
         after = path.read_bytes() if path.exists() else None
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             raise AssertionError(f"{type(result.exception).__name__}: {result.exception}")
