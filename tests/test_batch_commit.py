@@ -26,6 +26,7 @@ from cpkv_core.runtime import (
     merge_rank_outputs,
 )
 from cpkv_core.runtime import engine as engine_mod
+from cpkv_core.runtime.debug_checks import DebugChecks
 from cpkv_core.traces import load_trace
 from phases.registry import REGISTERED_PHASES
 from tests.conftest import DATA, make_deploy
@@ -129,3 +130,31 @@ def test_a_batch_failed_mid_layer_rolls_back_and_its_rerun_equals_the_reference(
             want = reference.run_batch(loop.step(batch).scheduled)
         comparison = compare_batch(want, merge_rank_outputs(batch, pieces))
         assert comparison.max_abs_diff == 0.0 and comparison.topk_mismatches == 0, batch.batch
+
+
+def test_a_debug_check_that_fails_after_the_run_step_undoes_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The debug checks run after the step and before the commit: when they raise, the
+    batch's rows are written back and nothing is committed."""
+    batches = load_trace(DATA / "mixed.jsonl", PAGE_SIZE).batches
+    deploy = make_deploy(CP_SIZE, PAGE_SIZE)
+    num_pages = pages_for_trace(batches, PAGE_SIZE, CP_SIZE)
+    loop = HostLoop(deploy, frozenset(REGISTERED_PHASES), num_pages)
+    step = loop.step(batches[0])
+    layout = step.decision.plan.kv_layout
+    engines = run_local(
+        CP_SIZE,
+        lambda comm: CPEngine(TINY, deploy, comm, num_pages, kv_layout=layout, debug_checks=True),
+    )
+    pools = [_pool(e) for e in engines]
+
+    def failing(self: DebugChecks, *args: object) -> None:
+        raise RuntimeError("shards do not cover the token rows in use")
+
+    monkeypatch.setattr(DebugChecks, "after_batch", failing)
+    with pytest.raises(RuntimeError, match="shards do not cover"):
+        _run(engines, step)
+    for engine, pool in zip(engines, pools, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(_pool(engine), pool, strict=True))
+        assert (engine.requests, engine.stored_pages) == ({}, 0)
