@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cpkv import docgen, flag_commands, plan_command, trace_command
 from cpkv.batch_tables import (
@@ -24,9 +24,11 @@ from cpkv.devices import Device, check_device
 from cpkv.dry_run import dry_run_levels
 from cpkv.explain import explain_trace, parse_killed
 from cpkv.help_text import tidy_help
+from cpkv.launchers import LauncherOpt, dist_backend, refuse_torchrun, torchrun_worker
 from cpkv.out_dir import out_option, print_written
-from cpkv.pd import PdJob, PdReport, run_pd
+from cpkv.pd import PdHosts, PdJob, PdReport, run_pd
 from cpkv.phase_table import phase_rows
+from cpkv.progress import with_progress
 from cpkv.report import (
     render_bench,
     render_dry_run,
@@ -37,7 +39,8 @@ from cpkv.report import (
 from cpkv.runner import Backend, BatchProgress
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.shadow_report import FaultOpt, ShadowRateOpt, parse_fault, shadow_summary
-from cpkv.verify import VerifyReport, verify_levels
+from cpkv.torchrun_verify import verify_on_torchrun
+from cpkv.verify import VerifyReport, verify_job, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig, model_preset
 from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import Fault
@@ -114,6 +117,14 @@ def _runnable_model(name: str) -> ModelConfig:
     return model
 
 
+def _levels(settings: RunSettings) -> list[int]:
+    return [
+        lv
+        for lv in levels_of(settings.enabled)
+        if settings.ceiling is None or lv <= settings.ceiling
+    ]
+
+
 def _run_verify(
     trace: Trace,
     model: ModelConfig,
@@ -124,11 +135,7 @@ def _run_verify(
     fault: Fault | None = None,
 ) -> VerifyReport:
     deploy = settings.deploy
-    levels = [
-        lv
-        for lv in levels_of(settings.enabled)
-        if settings.ceiling is None or lv <= settings.ceiling
-    ]
+    levels = _levels(settings)
 
     def run(on_progress: Callable[[BatchProgress], None] | None) -> VerifyReport:
         return verify_levels(
@@ -147,22 +154,13 @@ def _run_verify(
             settings.batch_timeout_s,
         )
 
-    if not show_progress:
-        return run(None)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err, transient=True) as progress:
-        description = f"levels {', '.join(map(str, levels))} on {deploy.cp_size} {backend} ranks"
-        task = progress.add_task(description, total=len(trace.batches) * len(levels))
+    description = f"levels {', '.join(map(str, levels))} on {deploy.cp_size} {backend} ranks"
+    return with_progress(show_progress, description, len(trace.batches) * len(levels), run)
 
-        def advance(_: BatchProgress) -> None:
-            progress.advance(task)
 
-        return run(advance)
+def _render_verify(report: VerifyReport, deploy: DeploymentConfig) -> None:
+    render_verify_table(out, report, deploy)
+    _print_shadow(report)
 
 
 @app.command()
@@ -181,6 +179,7 @@ def verify(
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
     batch_timeout_s: BatchTimeoutOpt = None,
+    launcher: LauncherOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run TRACE on CP ranks at every level 0..highest enabled phase and compare every batch
@@ -198,20 +197,33 @@ def verify(
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
             batch_timeout_s=batch_timeout_s,
+            launcher=launcher,
         )
         fault = parse_fault(inject_fault)
         model = _runnable_model(model_name)
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
+        worker = torchrun_worker(settings.launcher, backend, settings.deploy.cp_size, device)
+    if worker is not None:
+        job = verify_job(
+            model,
+            settings.deploy,
+            trace.batches,
+            _levels(settings),
+            settings.enabled,
+            settings.debug_checks,
+            settings.ceiling,
+            str(device),
+            settings.shadow_rate,
+            fault,
+            settings.batch_timeout_s,
+        )
+        render = partial(_render_verify, deploy=settings.deploy)
+        verify_on_torchrun(worker, job, dist_backend(device), as_json, render)
     if device is Device.META:
         _dry_run_exit(settings.deploy, trace, as_json, settings)
     report = _run_verify(trace, model, settings, backend, not as_json, device, fault)
-
-    def render() -> None:
-        render_verify_table(out, report, settings.deploy)
-        _print_shadow(report)
-
-    emit(as_json, report.to_json(), render)
+    emit(as_json, report.to_json(), lambda: _render_verify(report, settings.deploy))
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -337,6 +349,7 @@ def bench(
         flags = resolve_flags().flags  # the debug checks and their warning come from the env
         trace = demo_trace(page_size) if trace_path is None else load_trace(trace_path, page_size)
         check_device(device)
+        refuse_torchrun("cpkv bench", flags.launcher)
     if device is Device.META:
         _dry_run_exit(deploy, trace, as_json)
     warning = debug_benchmark_warning(flags)
@@ -394,10 +407,19 @@ def demo(
         fault = parse_fault(inject_fault)
         trace = demo_trace(page_size)
         check_device(device)
+        refuse_torchrun("cpkv demo", flags.launcher)
     if device is Device.META:
         _dry_run_exit(deploy, trace, as_json)
     settings = RunSettings(
-        deploy, frozenset(REGISTERED_PHASES), None, flags.debug_cp_shared_kv, rate, timeout
+        deploy,
+        frozenset(REGISTERED_PHASES),
+        None,
+        flags.debug_cp_shared_kv,
+        rate,
+        timeout,
+        flags.launcher,
+        flags.pd_host,
+        flags.pd_local_host,
     )
     if not as_json:
         tokens = sum(b.num_tokens for b in trace.batches)
@@ -446,7 +468,8 @@ def _run_pd(
 ) -> PdReport:
     with err.status(f"prefill on {settings.deploy.cp_size} gloo ranks, transfer to decode"):
         job = _pd_job(trace, settings, fault)
-        (report,), _ = run_pd(model_preset("tiny"), [job], timeout_s, retries)
+        hosts = PdHosts(settings.pd_host, settings.pd_local_host)
+        (report,), _ = run_pd(model_preset("tiny"), [job], timeout_s, retries, hosts=hosts)
     return report
 
 
@@ -474,10 +497,19 @@ def pd(
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
     batch_timeout_s: BatchTimeoutOpt = None,
+    pd_host: Annotated[
+        str | None,
+        typer.Option(
+            "--pd-host",
+            metavar="HOST",
+            help="Address the decode server listens on and is reached at. Default: the flags "
+            "(127.0.0.1).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Prefill TRACE on CP ranks at the highest enabled level and send every request to a
-    non-CP decode process over Mooncake (TCP loopback). Checks the rebuilt KV byte for byte
+    non-CP decode process over Mooncake (TCP, at --pd-host). Checks the rebuilt KV byte for byte
     and one decode step against the reference; exit 0 only when every request checks out.
     --device meta: a dry run of the prefill."""
     with bad_input_exits():
@@ -490,10 +522,12 @@ def pd(
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
             batch_timeout_s=batch_timeout_s,
+            pd_host=pd_host,
         )
         fault = parse_fault(inject_fault)
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
+        refuse_torchrun("cpkv pd", settings.launcher)
         if device is Device.CUDA:
             raise BadInput(
                 "cpkv pd --device cuda needs Mooncake's CUDA build to register GPU pools; the "
@@ -571,3 +605,7 @@ tidy_help(app)  # NOTE: last, so that it sees every command registered above
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+if __name__ == "__main__":
+    main()

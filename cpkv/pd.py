@@ -26,6 +26,7 @@ from cpkv.runner import (
 from cpkv.shadow_report import ShadowSummary, fault_phase, run_entries, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.pd import (
+    LOOPBACK,
     PdFaults,
     PdTarget,
     Report,
@@ -93,14 +94,18 @@ def start_decode(
     num_pages: int,
     timeout_s: float,
     die_on_done_of: str | None = None,
+    host: str = LOOPBACK,
 ) -> DecodeProcess:
-    """Starts a decode server process and waits until it listens."""
+    """Starts a decode server process listening on ``host`` and waits until it listens."""
     ctx = mp.get_context("spawn")
     started = ctx.Queue()
     authkey = os.urandom(16)
     args = (model, deploy.page_size, deploy.index_k_dtype, num_pages, timeout_s, authkey, started)
     process = ctx.Process(
-        target=serve_decode, args=args, kwargs={"die_on_done_of": die_on_done_of}, daemon=True
+        target=serve_decode,
+        args=args,
+        kwargs={"die_on_done_of": die_on_done_of, "host": host},
+        daemon=True,
     )
     process.start()
     for _ in range(120):
@@ -261,6 +266,16 @@ def pd_results(
 
 
 @dataclass(frozen=True, slots=True)
+class PdHosts:
+    """Where the PD processes are reached: host names or addresses, never wildcards."""
+
+    decode: str = LOOPBACK
+    """The decode server's control listener and transfer engine (``--pd-host``)."""
+    prefill: str = LOOPBACK
+    """The prefill ranks' transfer engines (``--pd-local-host``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PdJob:
     """One deployment's trace at some levels, for a PD run."""
 
@@ -297,17 +312,20 @@ def run_pd(
     faults: PdFaults | None = None,
     die_on_done_of: str | None = None,
     on_progress: Callable[[BatchProgress], None] | None = None,
+    hosts: PdHosts | None = None,
 ) -> tuple[list[PdReport], list[list[LevelRun]]]:
     """Prefill every job on ONE gloo group (subgroups for smaller CP sizes), send every
     request of every level to ONE decode process, check each against the reference.
 
-    Jobs must share page size and index K dtype (the decode pool has one layout).
+    Jobs must share page size and index K dtype (the decode pool has one layout). ``hosts``
+    names the decode server's and the prefill ranks' addresses (loopback by default).
     """
+    hosts = hosts or PdHosts()
     first = jobs[0].deploy
     decode_pages = sum(
         len(job.levels) * decode_pages_for(job.batches, first.page_size) for job in jobs
     )
-    decode = start_decode(model, first, decode_pages, timeout_s, die_on_done_of)
+    decode = start_decode(model, first, decode_pages, timeout_s, die_on_done_of, hosts.decode)
     try:
         rank_jobs = [
             RankJob(
@@ -323,7 +341,12 @@ def run_pd(
                 fault=job.fault,
                 batch_timeout_s=job.batch_timeout_s,
                 pd=PdTarget(
-                    decode.address, decode.authkey, f"j{index}/", retries, faults or PdFaults()
+                    decode.address,
+                    decode.authkey,
+                    f"j{index}/",
+                    retries,
+                    faults or PdFaults(),
+                    hosts.prefill,
                 ),
             )
             for index, job in enumerate(jobs)

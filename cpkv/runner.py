@@ -21,6 +21,7 @@ from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.dist import (
     Communicator,
     ProgressEvent,
+    TorchrunGroup,
     new_group_communicator,
     report_progress,
     run_local,
@@ -258,15 +259,10 @@ def _where(jobs: Sequence[RankJob], last: list[BatchProgress]) -> str:
     return f"after run {run} batch {done} had finished"
 
 
-def run_jobs_on_gloo(
-    jobs: Sequence[RankJob],
-    on_progress: Callable[[BatchProgress], None] | None = None,
-    timeout_s: float = 600.0,
-) -> list[list[LevelRun]]:
-    """Runs every job in ONE spawned gloo group sized for the largest job; smaller jobs run
-    on subgroups. Returns each job's level runs."""
-
-    last: list[BatchProgress] = []
+def _forward_progress(
+    on_progress: Callable[[BatchProgress], None] | None, last: list[BatchProgress]
+) -> Callable[[object], None]:
+    """A launcher's ``on_progress``: keeps the last batch rank 0 finished, forwards it."""
 
     def forward(event: object) -> None:
         if isinstance(event, ProgressEvent):
@@ -275,6 +271,29 @@ def run_jobs_on_gloo(
             if on_progress is not None:
                 on_progress(event.message)
 
+    return forward
+
+
+def _job_runs(
+    jobs: Sequence[RankJob], per_rank: Sequence[list[list[RankRun] | None]]
+) -> list[list[LevelRun]]:
+    """Each job's level runs from every rank's results (``per_rank[rank][job]``)."""
+    runs = []
+    for index, job in enumerate(jobs):
+        pieces = [per_rank[rank][index] for rank in range(job.deploy.cp_size)]
+        runs.append(_level_runs(job, [p for p in pieces if p is not None]))
+    return runs
+
+
+def run_jobs_on_gloo(
+    jobs: Sequence[RankJob],
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    timeout_s: float = 600.0,
+) -> list[list[LevelRun]]:
+    """Runs every job in ONE spawned gloo group sized for the largest job; smaller jobs run
+    on subgroups. Returns each job's level runs."""
+    last: list[BatchProgress] = []
+    forward = _forward_progress(on_progress, last)
     world_size = max(job.deploy.cp_size for job in jobs)
     try:
         per_rank = spawn_group(
@@ -284,11 +303,30 @@ def run_jobs_on_gloo(
         # NOTE: a rank that died or stalled reports nothing; the batch after the last one
         # rank 0 finished is the one it was in.
         raise RuntimeError(f"{exc}\n(the group stopped {_where(jobs, last)})") from exc
-    runs = []
-    for index, job in enumerate(jobs):
-        pieces = [per_rank[rank][index] for rank in range(job.deploy.cp_size)]
-        runs.append(_level_runs(job, [p for p in pieces if p is not None]))
-    return runs
+    return _job_runs(jobs, per_rank)
+
+
+def run_jobs_in_group(
+    group: TorchrunGroup,
+    jobs: Sequence[RankJob],
+    on_progress: Callable[[BatchProgress], None] | None = None,
+) -> list[list[LevelRun]] | None:
+    """Runs every job with this process as one rank of a torchrun ``group`` (the same rank
+    body as ``run_jobs_on_gloo``): each job's level runs on rank 0, None on the others.
+
+    Raises:
+        ValueError: the group's world size is not the largest job's CP size.
+    """
+    world_size = max(job.deploy.cp_size for job in jobs)
+    if group.world_size != world_size:
+        raise ValueError(
+            f"torchrun started {group.world_size} ranks (WORLD_SIZE) but the run needs "
+            f"--cp-size {world_size}: make --nnodes x --nproc-per-node equal the CP size"
+        )
+    per_rank = group.run(
+        run_jobs_rank, (tuple(jobs),), on_progress=_forward_progress(on_progress, [])
+    )
+    return None if per_rank is None else _job_runs(jobs, per_rank)
 
 
 def run_levels(

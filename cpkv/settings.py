@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, Launcher
 from flags import FlagError, ProblemCode, check_flags, resolve_flags
 from phases.ids import PhaseId, parse_phase_list
 
@@ -18,6 +18,7 @@ VALUE_PROBLEMS = frozenset(
         ProblemCode.CP_MIN_TOKENS_BELOW_ZERO,
         ProblemCode.SHADOW_RATE_OUT_OF_RANGE,
         ProblemCode.BATCH_TIMEOUT_OUT_OF_RANGE,
+        ProblemCode.PD_HOST_INVALID,
     }
 )
 """Problems that make a run meaningless; combination problems are the gate's to report."""
@@ -35,6 +36,12 @@ class RunSettings:
     """Share of batches shadow-verified (``--shadow-rate``)."""
     batch_timeout_s: float = 60.0
     """Seconds a batch's collective waits for a stalled rank (``--batch-timeout-s``)."""
+    launcher: Launcher = Launcher.AUTO
+    """What starts the CP ranks (``--launcher``)."""
+    pd_host: str = "127.0.0.1"
+    """Where the PD decode server listens and is reached (``--pd-host``)."""
+    pd_local_host: str = "127.0.0.1"
+    """What this node's prefill ranks name their Mooncake sessions by (``--pd-local-host``)."""
 
 
 def resolve_run(
@@ -47,11 +54,14 @@ def resolve_run(
     cp_min_tokens: int | None = None,
     shadow_rate: float | None = None,
     batch_timeout_s: float | None = None,
+    launcher: Launcher | None = None,
+    pd_host: str | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
     ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set;
-    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``.
+    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``; ``launcher`` is ``--launcher``;
+    ``pd_host`` is ``--pd-host``.
 
     Raises:
         ValueError: a malformed config, environment variable, option or phase list.
@@ -69,6 +79,10 @@ def resolve_run(
         cli["shadow_rate"] = shadow_rate
     if batch_timeout_s is not None:
         cli["batch_timeout_s"] = batch_timeout_s
+    if launcher is not None:
+        cli["launcher"] = launcher
+    if pd_host is not None:
+        cli["pd_host"] = pd_host
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:
@@ -84,4 +98,7 @@ def resolve_run(
         flags.debug_cp_shared_kv,
         flags.shadow_rate,
         flags.batch_timeout_s,
+        flags.launcher,
+        flags.pd_host,
+        flags.pd_local_host,
     )

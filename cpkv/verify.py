@@ -138,6 +138,46 @@ def _level_report(level: int, run: LevelRun, reference: list[BatchOutput]) -> Le
     return LevelReport(level, tuple(rows))
 
 
+def verify_job(
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    batches: tuple[BatchSpec, ...],
+    levels: Sequence[int],
+    enabled: frozenset[PhaseId],
+    debug_checks: bool = False,
+    ceiling: int | None = None,
+    device: str = "cpu",
+    shadow_rate: float = 0.0,
+    fault: Fault | None = None,
+    batch_timeout_s: float = 60.0,
+) -> RankJob:
+    """What every rank runs to verify ``batches`` once per level."""
+    return RankJob(
+        model=model,
+        deploy=deploy,
+        batches=batches,
+        levels=tuple(levels),
+        num_pages=pages_for_trace(batches, deploy.page_size, deploy.cp_size),
+        enabled=enabled,
+        ceiling=ceiling,
+        debug_checks=debug_checks,
+        device=device,
+        shadow_rate=shadow_rate,
+        fault=fault,
+        batch_timeout_s=batch_timeout_s,
+    )
+
+
+def verify_runs(job: RankJob, runs: Sequence[LevelRun]) -> VerifyReport:
+    """Compares every level run of ``job`` with the reference, which runs the scheduled
+    batches of the first level."""
+    reference = run_reference(job.model, job, [step.scheduled for step in runs[0].steps])
+    levels_run = tuple(_level_report(run.level, run, reference) for run in runs)
+    fault = job.fault
+    fault_text = None if fault is None else f"{fault_phase(fault)}:{fault.kind}"
+    return VerifyReport(levels_run, job.shadow_rate, fault_text)
+
+
 def verify_levels(
     model: ModelConfig,
     deploy: DeploymentConfig,
@@ -153,25 +193,19 @@ def verify_levels(
     fault: Fault | None = None,
     batch_timeout_s: float = 60.0,
 ) -> VerifyReport:
-    """Runs ``batches`` once per level in one group (the gate deciding each batch as the run
-    goes) and compares every run with the reference, which runs the scheduled batches of
-    the first level."""
-    job = RankJob(
-        model=model,
-        deploy=deploy,
-        batches=batches,
-        levels=tuple(levels),
-        num_pages=pages_for_trace(batches, deploy.page_size, deploy.cp_size),
-        enabled=enabled,
-        ceiling=ceiling,
-        debug_checks=debug_checks,
-        device=device,
-        shadow_rate=shadow_rate,
-        fault=fault,
-        batch_timeout_s=batch_timeout_s,
+    """Runs ``batches`` once per level in one group this process starts (the gate deciding
+    each batch as the run goes) and compares every run with the reference."""
+    job = verify_job(
+        model,
+        deploy,
+        batches,
+        levels,
+        enabled,
+        debug_checks,
+        ceiling,
+        device,
+        shadow_rate,
+        fault,
+        batch_timeout_s,
     )
-    runs = run_levels(job, backend, on_progress)
-    reference = run_reference(model, job, [step.scheduled for step in runs[0].steps])
-    levels_run = tuple(_level_report(run.level, run, reference) for run in runs)
-    fault_text = None if fault is None else f"{fault_phase(fault)}:{fault.kind}"
-    return VerifyReport(levels_run, shadow_rate, fault_text)
+    return verify_runs(job, run_levels(job, backend, on_progress))

@@ -45,6 +45,18 @@ class TransferBackend(StrEnum):
     FAKE = "fake"
 
 
+class Launcher(StrEnum):
+    """What starts the CP ranks of a run."""
+
+    AUTO = "auto"
+    """torchrun when this process runs under torchrun (``RANK``, ``WORLD_SIZE`` set), else spawn."""
+    SPAWN = "spawn"
+    """This process spawns every rank on this machine (a ``file://`` rendezvous)."""
+    TORCHRUN = "torchrun"
+    """torch's own launcher started this process as one rank (``env://`` rendezvous); the
+    ranks may span machines."""
+
+
 class WeightDtype(StrEnum):
     """Storage of a checkpoint's linear-layer weights, as published."""
 

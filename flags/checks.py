@@ -32,6 +32,9 @@ class ProblemCode(StrEnum):
     """``--shadow-rate`` is outside 0..1."""
     BATCH_TIMEOUT_OUT_OF_RANGE = "BATCH_TIMEOUT_OUT_OF_RANGE"
     """``--batch-timeout-s`` is not a finite number of seconds above 0 (at most a day)."""
+    PD_HOST_INVALID = "PD_HOST_INVALID"
+    """``--pd-host`` or ``--pd-local-host`` is empty, holds whitespace, or names every
+    interface (``0.0.0.0``, ``::``): peers need one address to reach."""
     PHASE_WITHOUT_CP = "PHASE_WITHOUT_CP"
     """A phase flag is on while ``--enable-nsa-prefill-context-parallel`` is off."""
     NEEDS_DISABLED = "NEEDS_DISABLED"
@@ -141,6 +144,21 @@ def _value_problems(flags: FlagSet) -> list[Problem]:
         hint = f"set --batch-timeout-s to seconds in (0, {MAX_BATCH_TIMEOUT_S:g}]"
         code = ProblemCode.BATCH_TIMEOUT_OUT_OF_RANGE
         problems.append(Problem(code, (("batch_timeout_s", str(flags.batch_timeout_s)),), hint))
+    problems += _host_problems(flags)
+    return problems
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*", "[::]"})
+"""Addresses that mean every interface: a listener must bind one, and a peer cannot dial them."""
+
+
+def _host_problems(flags: FlagSet) -> list[Problem]:
+    problems = []
+    for name in ("pd_host", "pd_local_host"):
+        host: str = getattr(flags, name)
+        if not host or any(c.isspace() for c in host) or host in WILDCARD_HOSTS:
+            hint = f"set {FLAG_SPECS[name].cli} to this machine's address or host name"
+            problems.append(Problem(ProblemCode.PD_HOST_INVALID, ((name, repr(host)),), hint))
     return problems
 
 

@@ -7,7 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from cpkv_core.config import CpMode, DeploymentConfig, DisaggregationMode, TransferBackend
+from cpkv_core.config import (
+    CpMode,
+    DeploymentConfig,
+    DisaggregationMode,
+    Launcher,
+    TransferBackend,
+)
 from phases.ids import PhaseId
 
 
@@ -50,6 +56,12 @@ class FlagSet(BaseModel):
     """PD KV transfer engine; only read when disaggregation-mode is not null."""
     disaggregation_decode_cp_size: int = 1
     """CP size of the decode server receiving this prefill server's KV; 1 means no CP there."""
+    pd_host: str = "127.0.0.1"
+    """Address of the PD decode server: its control listener and Mooncake session bind there."""
+    pd_local_host: str = "127.0.0.1"
+    """Address this node's prefill ranks give their Mooncake sessions; set it on each node."""
+    launcher: Launcher = Launcher.AUTO
+    """What starts CP ranks: spawn (here), torchrun (one rank a process), auto (torchrun if set)."""
     shadow_rate: float = 0.0
     """Share of batches (0..1) run twice and compared: the chosen path against its fallback."""
     batch_timeout_s: float = 60.0

@@ -123,6 +123,10 @@ def _toml_value(path: Path, key: str, name: str, value: object) -> object:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
         expected = "a number"
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+        expected = "a string"
     else:
         raise RuntimeError(f"no config-file type for field {name} ({kind}); indicates a bug")
     raise FlagError(f"{path}: key {key!r} must be {expected}, got {value!r}")

@@ -26,4 +26,7 @@ run verify_local cpkv verify tests/data/mixed.jsonl --phases all --cp-size 2 --p
   --backend local --device cuda --json
 run verify_gloo cpkv verify tests/data/long.jsonl --phases all --cp-size 4 --page-size 16 \
   --backend gloo --device cuda --json
+run verify_torchrun_nccl "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+  -m cpkv.cli verify tests/data/mixed.jsonl --phases all --cp-size 1 --page-size 4 \
+  --device cuda --json
 exit $status

@@ -24,7 +24,8 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol, TypeVar, cast
@@ -33,7 +34,7 @@ import torch
 
 from cpkv_core.dist import comm as comm_mod
 
-__all__ = ["ProgressEvent", "report_progress", "spawn_group"]
+__all__ = ["ProgressEvent", "dumps", "loads", "progress_to", "report_progress", "spawn_group"]
 
 T = TypeVar("T")
 
@@ -53,7 +54,7 @@ class ProgressEvent:
     message: object
 
 
-def _dumps(obj: object) -> bytes:
+def dumps(obj: object) -> bytes:
     """Serialises a picklable object, tensors included, by value."""
     # NOTE: torch.save rather than pickle: plain pickle fails on float8 tensors (torch 2.13).
     buf = io.BytesIO()
@@ -61,8 +62,8 @@ def _dumps(obj: object) -> bytes:
     return buf.getvalue()
 
 
-def _loads(data: bytes) -> object:
-    """Inverse of ``_dumps``; only ever fed bytes from our own children."""
+def loads(data: bytes) -> object:
+    """Inverse of ``dumps``; only ever fed bytes from our own ranks (it unpickles)."""
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
@@ -74,15 +75,31 @@ class _Queue(Protocol):
 
 _progress_queue: _Queue | None = None
 _progress_rank = -1
+_progress_sink: Callable[[object], None] | None = None
+"""In-process receiver of ``report_progress`` (a rank started by torchrun), else None."""
 
 
 def report_progress(message: object) -> None:
-    """Sends a picklable ``message`` to the parent's ``on_progress`` (from a spawned rank).
+    """Sends a picklable ``message`` to the parent's ``on_progress`` (from a spawned rank),
+    or to the sink ``progress_to`` set (in a torchrun rank).
 
-    A no-op outside a ``spawn_group`` child, so worker functions may call it freely.
+    A no-op elsewhere, so worker functions may call it freely.
     """
     if _progress_queue is not None:
-        _progress_queue.put(("progress", _progress_rank, _dumps(message)))
+        _progress_queue.put(("progress", _progress_rank, dumps(message)))
+    elif _progress_sink is not None:
+        _progress_sink(message)
+
+
+@contextmanager
+def progress_to(sink: Callable[[object], None] | None) -> Iterator[None]:
+    """Hands every ``report_progress`` message of this process to ``sink`` while inside."""
+    global _progress_sink
+    previous, _progress_sink = _progress_sink, sink
+    try:
+        yield
+    finally:
+        _progress_sink = previous
 
 
 def _child_main(
@@ -96,7 +113,7 @@ def _child_main(
 ) -> None:
     """Entry point of one spawned rank: init, run ``fn``, report, tear down.
 
-    NOTE: ``call`` (``fn`` and ``args``) and every payload travel as bytes (see ``_dumps``):
+    NOTE: ``call`` (``fn`` and ``args``) and every payload travel as bytes (see ``dumps``):
     importing torch makes multiprocessing send tensors as shared-memory handles, which die
     with the process that sent them.
     """
@@ -106,9 +123,9 @@ def _child_main(
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        fn, args = cast(tuple[Callable[..., object], tuple[object, ...]], _loads(call))
+        fn, args = cast(tuple[Callable[..., object], tuple[object, ...]], loads(call))
         comm_mod.init_process_group(rank, world_size, init_method, backend, timeout_s)
-        value = _dumps(fn(comm_mod.TorchDistCommunicator(), *args))
+        value = dumps(fn(comm_mod.TorchDistCommunicator(), *args))
         comm_mod.destroy_process_group()
     except BaseException:
         # NOTE: no destroy here: peers may be blocked in a collective with this rank, and
@@ -194,7 +211,7 @@ def _collect(
             continue
         if kind == "progress":
             if on_progress is not None:
-                on_progress(ProgressEvent(rank, _loads(payload)))
+                on_progress(ProgressEvent(rank, loads(payload)))
         elif kind == "error":
             if comm_mod.COLLECTIVE_TIMEOUT in payload:
                 culprits = _stalled_peers(results, procs, done, rank)
@@ -203,7 +220,7 @@ def _collect(
             first = f"{'; '.join(culprits)}; then " if culprits else ""
             raise RuntimeError(f"{first}rank {rank} failed:\n{payload}")
         else:
-            done[rank] = _loads(payload)
+            done[rank] = loads(payload)
     return done
 
 
@@ -260,7 +277,7 @@ def spawn_group(
     results = ctx.Queue()
     store_dir = tempfile.mkdtemp(prefix="cpkv-spawn-")
     init_method = f"file://{store_dir}/store"
-    call = _dumps((fn, args))
+    call = dumps((fn, args))
     procs = [
         ctx.Process(
             target=_child_main,

@@ -6,8 +6,10 @@ Entry points: ``send_requests`` on every prefill rank, ``serve_decode`` in the d
 from cpkv_core.pd.decode import DecodeServer, serve_decode
 from cpkv_core.pd.prefill import PdFaults, PdTarget, SendResult, send_requests
 from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown
+from cpkv_core.pd.transport import LOOPBACK
 
 __all__ = [
+    "LOOPBACK",
     "DecodeServer",
     "PdFaults",
     "PdTarget",

@@ -39,7 +39,7 @@ from cpkv_core.pd.protocol import (
     TensorTarget,
     Verdict,
 )
-from cpkv_core.pd.transport import Transport
+from cpkv_core.pd.transport import LOOPBACK, Transport
 from cpkv_core.planning import BatchSpec, RequestSpec, ScheduledRequest, Scheduler
 from cpkv_core.runtime.reference import ReferenceModel
 
@@ -84,7 +84,7 @@ def tensor_bytes(obj: object) -> bytes:
 
 
 class DecodeServer:
-    """Serves ``pd_protocol`` messages on a loopback listener; see the module docstring.
+    """Serves ``pd_protocol`` messages on a listener bound to ``host``; see the module docstring.
 
     Invariant: a request is READY only if every sender reported Done and the reported page
     positions are exactly ``0..pages-1``; a FAILED attempt's pages are freed only once every
@@ -100,17 +100,20 @@ class DecodeServer:
         timeout_s: float,
         authkey: bytes,
         die_on_done_of: str | None = None,
+        host: str = LOOPBACK,
     ) -> None:
         """Args:
         die_on_done_of: fault injection: exit the process hard when a Done for this rid
             arrives (a decode server killed mid-transfer).
+        host: The address (or host name) the control listener and the transfer engine
+            bind and announce (``--pd-host``); one interface, never all of them.
         """
         self.model = ReferenceModel(cfg, num_pages, page_size, index_k_dtype)
         self.scheduler = Scheduler(num_pages, page_size)
         """The decode server's own scheduler: it is a separate, non-CP server."""
         self.timeout_s = timeout_s
         self.die_on_done_of = die_on_done_of
-        self.transport = Transport()
+        self.transport = Transport(host)
         self.transport.register(
             [
                 t
@@ -118,7 +121,7 @@ class DecodeServer:
                 for t in (layer.latent, layer.index_k, layer.index_k_scale)
             ]
         )
-        self.listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        self.listener = Listener((host, 0), authkey=authkey)
         self.cond = threading.Condition()
         self.attempts: dict[str, Attempt] = {}
         """The latest attempt of every rid."""
@@ -345,11 +348,13 @@ def serve_decode(
     authkey: bytes,
     started: Any,
     die_on_done_of: str | None = None,
+    host: str = LOOPBACK,
 ) -> None:
-    """Process entry point: builds the server, reports its addresses on ``started``, serves."""
+    """Process entry point: builds the server on ``host``, reports its addresses on
+    ``started``, serves."""
     torch.set_num_threads(1)
     server = DecodeServer(
-        cfg, page_size, index_k_dtype, num_pages, timeout_s, authkey, die_on_done_of
+        cfg, page_size, index_k_dtype, num_pages, timeout_s, authkey, die_on_done_of, host
     )
     started.put((server.address, server.transport.session))
     server.serve_forever()

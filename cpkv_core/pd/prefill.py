@@ -16,7 +16,7 @@ from multiprocessing.connection import Client, Connection
 
 from cpkv_core.pd.pack import runs_for_rank
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Verdict
-from cpkv_core.pd.transport import TransferError, Transport, Write
+from cpkv_core.pd.transport import LOOPBACK, TransferError, Transport, Write
 from cpkv_core.planning.execution import KvLayout
 from cpkv_core.planning.tokens import token_ids
 from cpkv_core.runtime.engine import CPEngine
@@ -46,6 +46,9 @@ class PdTarget:
     retries: int = 0
     """Attempts after a failed one."""
     faults: PdFaults = field(default_factory=PdFaults)
+    local_host: str = LOOPBACK
+    """This rank's address as the decode server reaches it (``--pd-local-host``): the
+    host its transfer engine's session is named by."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +70,19 @@ class SendResult:
 _transport: Transport | None = None
 
 
-def process_transport() -> Transport:
-    """This process's transfer engine, started on first use."""
+def process_transport(host: str = LOOPBACK) -> Transport:
+    """This process's transfer engine on ``host``, started on first use.
+
+    Raises:
+        RuntimeError: the engine already runs on another host (one engine a process).
+    """
     global _transport
     if _transport is None:
-        _transport = Transport()
+        _transport = Transport(host)
+    if not _transport.session.startswith(f"{host}:"):
+        raise RuntimeError(
+            f"this process's transfer engine runs as {_transport.session}, not on {host}"
+        )
     return _transport
 
 
@@ -129,7 +140,7 @@ def _start_attempt(
     writes, positions = _writes(engine, reply, rid, rank, faults.fail == (rid, rank))
     start = time.perf_counter()
     try:
-        process_transport().write(reply.session, writes)
+        process_transport(target.local_host).write(reply.session, writes)
     except TransferError as exc:
         _call(conn, Fail(remote, attempt, rank, str(exc)))
         return 0, 0.0, ""
@@ -148,7 +159,7 @@ def send_requests(engine: CPEngine, rids: Sequence[str], target: PdTarget) -> li
     the others back; failed ones are retried up to ``target.retries`` times.
     """
     rank = engine.comm.rank
-    transport = process_transport()
+    transport = process_transport(target.local_host)
     transport.register(
         [
             t

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+LOOPBACK = "127.0.0.1"
+"""The default PD host (``--pd-host``, ``--pd-local-host``): one machine, nothing exposed."""
 LOG_DIR_ENV = "CPKV_TRANSFER_LOG_DIR"
 """Where the engine's native logs go (default: the system temp dir)."""
 
@@ -48,7 +50,13 @@ class Write:
 class Transport:
     """One process's transfer engine (``P2PHANDSHAKE``: no metadata server)."""
 
-    def __init__(self, host: str = "127.0.0.1", protocol: str = "tcp") -> None:
+    def __init__(self, host: str = LOOPBACK, protocol: str = "tcp") -> None:
+        """Starts the engine; peers reach it as ``host:rpc_port`` (``session``).
+
+        Args:
+            host: This process's address or host name as peers reach it (never a wildcard).
+            protocol: ``tcp`` here, ``rdma`` in production.
+        """
         _redirect_native_logs()
         from mooncake.engine import TransferEngine
 
