@@ -22,7 +22,7 @@ from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from cpkv.devices import Device, check_device
 from cpkv.dry_run import dry_run_levels
-from cpkv.explain import explain_trace
+from cpkv.explain import explain_trace, parse_killed
 from cpkv.help_text import tidy_help
 from cpkv.launchers import LauncherOpt, dist_backend, refuse_torchrun, torchrun_worker
 from cpkv.out_dir import out_option, print_written
@@ -53,6 +53,7 @@ from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import Fault
 from cpkv_core.traces import Trace, load_trace
 from flags import debug_benchmark_warning, resolve_flags
+from flags.checks import MAX_BATCH_TIMEOUT_S
 from phases.gate import levels_of
 from phases.registry import REGISTERED_PHASES
 
@@ -118,6 +119,15 @@ DeviceOpt = Annotated[
     Device,
     typer.Option("--device", help="Where weights, pools and the run step live; meta: a dry run."),
 ]
+BatchTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--batch-timeout-s",
+        metavar="SECONDS",
+        help="Seconds a batch's collective waits for a stalled rank; then the run stops, "
+        "naming the rank and the batch. Default: the flags (60).",
+    ),
+]
 IndexDtypeOpt = Annotated[
     IndexKDtype, typer.Option("--index-k-dtype", help="Storage dtype of the indexer key cache.")
 ]
@@ -164,6 +174,7 @@ def _run_verify(
             str(device),
             settings.shadow_rate,
             fault,
+            settings.batch_timeout_s,
         )
 
     description = f"levels {', '.join(map(str, levels))} on {deploy.cp_size} {backend} ranks"
@@ -192,6 +203,7 @@ def verify(
     device: DeviceOpt = Device.CPU,
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
+    batch_timeout_s: BatchTimeoutOpt = None,
     launcher: LauncherOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -209,6 +221,7 @@ def verify(
             index_k_dtype,
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
+            batch_timeout_s=batch_timeout_s,
             launcher=launcher,
             materialize=materialize,
             materialize_prefetch=materialize_prefetch,
@@ -230,6 +243,7 @@ def verify(
             str(device),
             settings.shadow_rate,
             fault,
+            settings.batch_timeout_s,
         )
         render = partial(_render_verify, deploy=settings.deploy)
         verify_on_torchrun(worker, job, dist_backend(device), as_json, render)
@@ -262,6 +276,15 @@ def explain(
         int | None,
         typer.Option("--batch", metavar="N", help="Show batch N in full: requests, every reason."),
     ] = None,
+    killed: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--killed",
+            metavar="PHASE@BATCH",
+            help="Replay a kill switch a live run tripped (verify's shadow.kills): PHASE is "
+            "KILLED from the batch after BATCH on. Repeatable.",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
     out_dir: Annotated[Path | None, out_option("explain.json and phases-by-batch.png")] = None,
 ) -> None:
@@ -272,7 +295,10 @@ def explain(
             config, phases, cp_size, page_size, cp_mode, cp_min_tokens=cp_min_tokens
         )
         trace = load_trace(trace_path, settings.deploy.page_size)
-    report = explain_trace(trace.batches, settings.enabled, settings.deploy, settings.ceiling)
+        kills = parse_killed(killed or [], trace.batches)
+    report = explain_trace(
+        trace.batches, settings.enabled, settings.deploy, settings.ceiling, kills
+    )
     if batch is not None:
         with bad_input_exits():
             i = _batch_index(report.batches, batch)
@@ -388,6 +414,7 @@ def demo(
     device: DeviceOpt = Device.CPU,
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
+    batch_timeout_s: BatchTimeoutOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The main job on built-in defaults: a built-in trace through the gate with every phase
@@ -399,6 +426,11 @@ def demo(
         rate = flags.shadow_rate if shadow_rate is None else shadow_rate
         if not 0.0 <= rate <= 1.0:
             raise BadInput(f"--shadow-rate must be in 0..1, got {rate}")
+        timeout = flags.batch_timeout_s if batch_timeout_s is None else batch_timeout_s
+        if not 0.0 < timeout <= MAX_BATCH_TIMEOUT_S:
+            raise BadInput(
+                f"--batch-timeout-s must be in (0, {MAX_BATCH_TIMEOUT_S:g}] seconds, got {timeout}"
+            )
         fault = parse_fault(inject_fault)
         trace = demo_trace(page_size)
         check_device(device)
@@ -411,6 +443,7 @@ def demo(
         None,
         flags.debug_cp_shared_kv,
         rate,
+        timeout,
         flags.launcher,
         flags.pd_host,
         flags.pd_local_host,
@@ -449,6 +482,7 @@ def _pd_job(trace: Trace, settings: RunSettings, fault: Fault | None = None) -> 
         settings.debug_checks,
         settings.shadow_rate,
         fault,
+        batch_timeout_s=settings.batch_timeout_s,
     )
 
 
@@ -491,6 +525,7 @@ def pd(
     device: DeviceOpt = Device.CPU,
     shadow_rate: ShadowRateOpt = None,
     inject_fault: FaultOpt = None,
+    batch_timeout_s: BatchTimeoutOpt = None,
     pd_host: Annotated[
         str | None,
         typer.Option(
@@ -515,6 +550,7 @@ def pd(
             cp_mode,
             cp_min_tokens=cp_min_tokens,
             shadow_rate=shadow_rate,
+            batch_timeout_s=batch_timeout_s,
             pd_host=pd_host,
             materialize=materialize,
             materialize_prefetch=materialize_prefetch,

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpkv.console import BadInput
 from cpkv.loop import HostLoop
 from cpkv.phase_mix import PhaseMix, phase_mix
 from cpkv.reason_codes import count_codes
@@ -48,6 +49,8 @@ class ExplainReport:
     ceiling: int | None
     batches: tuple[BatchSpec, ...]
     plans: tuple[BatchPlan, ...]
+    killed: tuple[ReplayedKill, ...] = ()
+    """Kill switches replayed with ``--killed``."""
 
     def mix(self) -> PhaseMix:
         """The share of batches and tokens per phase, and fallback codes per enabled phase."""
@@ -77,6 +80,7 @@ class ExplainReport:
             "deployment": self.deploy.model_dump(mode="json"),
             "enabled": sorted(int(p) for p in self.enabled),
             "ceiling": self.ceiling,
+            "killed": [{"phase": int(k.phase), "batch": k.batch} for k in self.killed],
         }
         if not summary_only:
             document["batches"] = [
@@ -87,15 +91,54 @@ class ExplainReport:
         return document | {"summary": self.summary()}
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayedKill:
+    """A kill switch to trip while explaining: ``phase`` after batch ``batch`` (``--killed``)."""
+
+    phase: PhaseId
+    batch: int
+
+
+def parse_killed(texts: Sequence[str], batches: Sequence[BatchSpec]) -> tuple[ReplayedKill, ...]:
+    """``PHASE@BATCH`` options as kills; BATCH must be a batch of the trace.
+
+    Raises:
+        BadInput: a malformed option, an unknown phase or a batch the trace lacks.
+    """
+    numbers = {b.batch for b in batches}
+    kills = []
+    for text in texts:
+        phase_text, at, batch_text = text.partition("@")
+        if not (at and phase_text.strip().isdigit() and batch_text.strip().lstrip("-").isdigit()):
+            raise BadInput(f"--killed takes PHASE@BATCH (e.g. 5@3), got {text!r}")
+        if int(phase_text) not in {int(p) for p in PhaseId}:
+            raise BadInput(f"--killed {text}: PHASE must be 1..5, got {int(phase_text)}")
+        if int(batch_text) not in numbers:
+            raise BadInput(f"--killed {text}: the trace has no batch {int(batch_text)}")
+        kills.append(ReplayedKill(PhaseId(int(phase_text)), int(batch_text)))
+    return tuple(kills)
+
+
 def explain_trace(
     batches: Sequence[BatchSpec],
     enabled: frozenset[PhaseId],
     deploy: DeploymentConfig,
     ceiling: int | None = None,
+    killed: Sequence[ReplayedKill] = (),
 ) -> ExplainReport:
-    """Drives the runtime loop (schedule, gate) over ``batches`` without tensors."""
+    """Drives the runtime loop (schedule, gate) over ``batches`` without tensors.
+
+    ``killed`` replays kill switches a live run tripped (explain runs no tensors, so it
+    cannot find a mismatch itself): each phase is killed once its batch is decided, as the
+    shadow verdict of that batch would, and later batches show ``KILLED batch=N``.
+    """
     loop = HostLoop(
         deploy, enabled, pages_for_trace(batches, deploy.page_size, deploy.cp_size), ceiling
     )
-    plans = tuple(loop.step(batch).decision for batch in batches)
-    return ExplainReport(deploy, enabled, ceiling, tuple(batches), plans)
+    plans = []
+    for batch in batches:
+        plans.append(loop.step(batch).decision)
+        for kill in killed:
+            if kill.batch == batch.batch:
+                loop.gate.kill(kill.phase, (("batch", kill.batch), ("replayed", "--killed")))
+    return ExplainReport(deploy, enabled, ceiling, tuple(batches), tuple(plans), tuple(killed))

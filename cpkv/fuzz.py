@@ -1,28 +1,37 @@
 """``cpkv fuzz``: hypothesis over every input cpkv reads from people or from SGLang.
 
-Targets: trace text, config files, command-line flag values, ``--from-sglang`` strings and
-the forward-batch adapter. The only outcomes allowed are a result or a clear error: a
-``ValueError`` (``TraceError``, ``FlagError``, pydantic's ``ValidationError``), which every
-command turns into exit 2 with the line or key named. Anything else (a ``KeyError``, a
-``TypeError``, a traceback) is a failure.
+Targets: trace text, config files, command-line flag values, ``--from-sglang`` strings,
+the forward-batch adapter, and ``cpkv enable`` / ``cpkv disable`` run as a person runs them
+(phase argument, options, config file, environment). The only outcomes allowed are a result
+or a clear error: a ``ValueError`` (``TraceError``, ``FlagError``, pydantic's
+``ValidationError``), which every command turns into exit 2 with the line or key named; for
+``enable``/``disable``, exit 0 with the change in the file, 1 refused or 2 with an error, the
+file untouched unless the change was made. Anything else (a ``KeyError``, a ``TypeError``, a
+traceback, a half-written file) is a failure.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import typer
+from typer.testing import CliRunner
+
 from cpkv_core.traces import TraceError, parse_trace_text
 from flags import check_flags, resolve_flags
-from flags.model import FLAG_SPECS, TOML_KEYS
+from flags.model import FLAG_SPECS, PHASE_FIELDS, TOML_KEYS
 from flags.sglang_args import SWITCHES, VALUED, read_sglang
 from flags.sglang_batch import batch_from_forward_batch
+from flags.sources import parse_config_text
+from phases import PhaseId
 
 MAX_FAILURES = 20
 """Failures kept per target (the count goes on)."""
@@ -144,6 +153,93 @@ def _forward_batch(st: Any) -> Any:
     return st.fixed_dictionaries({}, optional=attrs).map(lambda d: SimpleNamespace(**d))
 
 
+def _phase_change(st: Any) -> Any:
+    """``cpkv enable|disable``: a fuzzed phase argument and options, a config file (or none,
+    named by ``--config`` or ``$CPKV_CONFIG``) and ``CPKV_*`` environment values."""
+    env_names = sorted(spec.env for spec in FLAG_SPECS.values())
+    phase = st.one_of(
+        st.sampled_from(["1", "2", "3", "4", "5", "0", "6", "-1", "x", "", "3.0", "1e3", "9" * 20]),
+        st.text(max_size=4),
+    )
+    options = st.lists(st.sampled_from(["--with-needs", "--cascade", "--json"]), unique=True)
+    env = st.dictionaries(
+        st.sampled_from(env_names),
+        st.one_of(
+            st.sampled_from(["1", "0", "true", "8", "-2", "zigzag", ""]), st.text(max_size=6)
+        ),
+        max_size=3,
+    )
+    return st.tuples(
+        st.sampled_from(["enable", "disable"]),
+        phase,
+        options,
+        st.one_of(st.none(), _toml_text(st)),
+        env,
+        st.booleans(),
+    )
+
+
+@functools.cache
+def _cli() -> CliRunner:
+    return CliRunner()
+
+
+@functools.cache
+def _app() -> typer.Typer:
+    """``cpkv enable`` and ``cpkv disable`` alone: the same command functions and options as
+    the app, without building its other commands on every invoke (typer rebuilds them)."""
+    from cpkv import flag_commands
+
+    app = typer.Typer(add_completion=False)
+    app.command("enable")(flag_commands.enable_command)
+    app.command("disable")(flag_commands.disable_command)
+    return app
+
+
+def _phase_change_case(case: tuple[str, str, list[str], str | None, dict[str, str], bool]) -> None:
+    """Exit 0 (the file then holds the change), 1 (refused, the file unchanged) or 2 (an
+    error message, the file unchanged); a traceback or a half-written file is a failure."""
+    action, phase, options, text, env, by_env = case
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "cpkv.toml"
+        if text is not None:
+            path.write_text(text, encoding="utf-8")
+        before = path.read_bytes() if path.exists() else None
+        where = [] if by_env else ["--config", str(path)]
+        env = env | {"CPKV_CONFIG": str(path)} if by_env else env
+        result = _cli().invoke(_app(), [action, phase, *options, *where], env=env)
+        after = path.read_bytes() if path.exists() else None
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise AssertionError(f"{type(result.exception).__name__}: {result.exception}")
+        words = result.output.lower()
+        if result.exit_code == 0:
+            _check_changed(action, phase, path, before, after)
+        elif result.exit_code in (1, 2):
+            if after != before:
+                raise AssertionError(f"exit {result.exit_code} changed the config file")
+            if not ("error" in words or "refused" in words):
+                raise AssertionError(f"exit {result.exit_code} says nothing: {result.output!r}")
+        else:
+            raise AssertionError(f"exit {result.exit_code}: {result.output!r}")
+
+
+def _check_changed(
+    action: str, phase: str, path: Path, before: bytes | None, after: bytes | None
+) -> None:
+    """After exit 0 the file holds the change (a disable of a missing file writes none)."""
+    try:
+        number = PhaseId(round(float(phase)))
+    except (ValueError, OverflowError):
+        raise AssertionError(f"exit 0 for phase {phase!r}") from None
+    if after is None:
+        if action == "disable" and before is None:
+            return
+        raise AssertionError(f"exit 0 but no config file after {action} {phase}")
+    values = parse_config_text(after.decode("utf-8"), path)
+    if values.get(PHASE_FIELDS[number], False) != (action == "enable"):
+        raise AssertionError(f"exit 0 but phase {phase} is not {action}d: {after!r}")
+
+
 def _config_case(text: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cpkv.toml"
@@ -172,11 +268,16 @@ def targets(st: Any) -> dict[str, tuple[Any, Callable[[Any], object]]]:
         "flags": (_cli_values(st), _flags_case),
         "from-sglang": (_sglang_args(st), read_sglang),
         "forward-batch": (_forward_batch(st), batch_from_forward_batch),
+        "enable-disable": (_phase_change(st), _phase_change_case),
     }
 
 
-def _case(result: TargetResult, call: Callable[[Any], object]) -> Callable[[Any], None]:
+def _case(
+    result: TargetResult, call: Callable[[Any], object], deadline: list[float]
+) -> Callable[[Any], None]:
     def case(value: Any) -> None:
+        if time.perf_counter() >= deadline[0]:
+            return  # NOTE: the share is spent: hypothesis's remaining examples cost nothing
         result.cases += 1
         try:
             call(value)
@@ -190,8 +291,10 @@ def _case(result: TargetResult, call: Callable[[Any], object]) -> Callable[[Any]
     return case
 
 
-def run_fuzz(seconds: float, seed: int | None = None) -> FuzzReport:
-    """Fuzzes every target for an equal share of ``seconds``.
+def run_fuzz(
+    seconds: float, seed: int | None = None, only: Collection[str] | None = None
+) -> FuzzReport:
+    """Fuzzes every target (or those named in ``only``) for an equal share of ``seconds``.
 
     Raises:
         ModuleNotFoundError: hypothesis is not installed (the ``dev`` extra).
@@ -202,11 +305,12 @@ def run_fuzz(seconds: float, seed: int | None = None) -> FuzzReport:
 
     start = time.perf_counter()
     results: dict[str, TargetResult] = {}
-    chosen = targets(st)
-    share = seconds / len(chosen)
+    chosen = {n: t for n, t in targets(st).items() if only is None or n in only}
+    share = seconds / max(len(chosen), 1)
     for name, (strategy, call) in chosen.items():
         result = results[name] = TargetResult()
-        case = _case(result, call)
+        deadline = [time.perf_counter() + share]
+        case = _case(result, call, deadline)
         given_case: Callable[[], None] = given(strategy)(case)  # type: ignore[no-untyped-call]
         test = settings(
             max_examples=200,
@@ -216,7 +320,6 @@ def run_fuzz(seconds: float, seed: int | None = None) -> FuzzReport:
         )(given_case)
         if seed is not None:
             test = hseed(seed)(test)
-        deadline = time.perf_counter() + share
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < deadline[0]:
             test()
     return FuzzReport(results, time.perf_counter() - start)

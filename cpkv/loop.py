@@ -78,6 +78,11 @@ class HostLoop:
         }
         return LoopStep(scheduled, decision, ShadowPlan(tuple(map(int, phases)), plans))
 
+    def rollback(self, batch: int) -> None:
+        """Undoes ``batch``, the last one stepped, after its run failed on some rank: the
+        scheduler is as before it (the gate's state changes only on ``report``)."""
+        self.scheduler.rollback(batch)
+
     def report(self, batch: int, outcome: ShadowOutcome | None) -> None:
         """Trips the kill switch of every phase the batch's shadow comparison caught."""
         for miss in outcome.mismatches if outcome is not None else ():

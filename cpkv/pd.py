@@ -298,6 +298,8 @@ class PdJob:
     """Queued bytes that make a prefill rank write before a request's final chunk."""
     probe: bool = False
     """After each level, rank 0 times one large write of the level's KV bytes (bench)."""
+    batch_timeout_s: float = 60.0
+    """Seconds a prefill batch's collective waits for a stalled rank."""
 
 
 def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
@@ -345,6 +347,7 @@ def run_pd(
                 debug_checks=job.debug_checks,
                 shadow_rate=job.shadow_rate,
                 fault=job.fault,
+                batch_timeout_s=job.batch_timeout_s,
                 pd=PdTarget(
                     decode.address,
                     decode.authkey,

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
 
+from cpkv.batch_commit import rank_state, roll_back
 from cpkv.loop import HostLoop, LoopStep
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.dist import (
@@ -58,12 +60,16 @@ class RankFault(RuntimeError):
     """A rank failed inside a batch: names the rank, the level and the batch.
 
     The other ranks stop at their next collective (the group is aborted or torn down);
-    the batch did not commit on this rank.
+    the batch did not commit on this rank: its pool rows are restored and, on rank 0, the
+    scheduler is rolled back (``batch_commit``); ``note`` says so.
     """
 
-    def __init__(self, rank: int, level: int, batch: int, cause: BaseException) -> None:
+    def __init__(
+        self, rank: int, level: int, batch: int, cause: BaseException, note: str = ""
+    ) -> None:
         super().__init__(
-            f"rank {rank} failed in batch {batch} (level {level}): {type(cause).__name__}: {cause}"
+            f"rank {rank} failed in batch {batch} (level {level}): {type(cause).__name__}: "
+            f"{cause}" + (f"; {note}" if note else "")
         )
         self.rank, self.level, self.batch = rank, level, batch
 
@@ -95,6 +101,13 @@ class RankJob:
     exit_at: tuple[int, int] | None = None
     """Game day for rank faults: ``(rank, batch)`` exits abruptly (no cleanup) before
     running that batch, as a killed process would."""
+    batch_timeout_s: float = 60.0
+    """Seconds one collective of a batch waits for a stalled rank (``--batch-timeout-s``);
+    then every waiting rank stops and the run names the stalled one. Distinct from the
+    run's whole timeout."""
+    stall_at: tuple[int, int, float] | None = None
+    """Game day for a stalled rank: ``(rank, batch, seconds)`` sleeps that long before
+    running that batch, while the others wait in its first collective."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +187,7 @@ def _run_level(
     sender: PdSender | None = None
     outputs, steps = [], []
     for batch in job.batches:
+        scheduler = loop.scheduler.state() if job.debug_checks and loop is not None else None
         step = comm.broadcast_object(loop.step(batch) if loop is not None else None)
         assert isinstance(step, LoopStep), f"rank {comm.rank} got {type(step)} for a step"
         if engine is None:
@@ -193,11 +207,15 @@ def _run_level(
                 sender = PdSender(engine, target, final_seq_lens(job.batches))
         if job.exit_at == (comm.rank, batch.batch):
             os._exit(17)
+        if job.stall_at is not None and job.stall_at[:2] == (comm.rank, batch.batch):
+            time.sleep(job.stall_at[2])
+        before = rank_state(engine, scheduler) if job.debug_checks else None
         try:
             with torch.no_grad():
                 out = engine.run_batch(step.scheduled, step.decision.plan, step.shadow)
         except Exception as exc:
-            raise RankFault(comm.rank, job.levels[run], batch.batch, exc) from exc
+            note = roll_back(engine, loop, batch.batch, before)
+            raise RankFault(comm.rank, job.levels[run], batch.batch, exc, note) from exc
         if sender is not None:
             sender.after_batch(step.scheduled)  # PD streams as the KV fills
         outputs.append(_to_host(out))
@@ -231,16 +249,14 @@ def _run_job(
 
 
 def run_jobs_rank(comm: Communicator, jobs: tuple[RankJob, ...]) -> list[list[RankRun] | None]:
-    """Entry point of a spawned rank: runs every job on the first ``cp_size`` ranks of the
-    group (a subgroup when smaller), streaming progress to the parent; None where this rank
-    is not in a job's group."""
+    """Entry point of a spawned rank: runs every job on a subgroup of the first ``cp_size``
+    ranks with the job's batch timeout, streaming progress to the parent; None where this
+    rank is not in a job's group."""
     results: list[list[RankRun] | None] = []
     for job in jobs:
-        cp_size = job.deploy.cp_size
-        if cp_size == comm.world_size:
-            member: Communicator | None = comm
-        else:
-            member = new_group_communicator(range(cp_size))
+        # NOTE: the job's own group carries the batch timeout (the default group's is the
+        # whole run's, which the rendezvous of freshly started processes needs).
+        member = new_group_communicator(range(job.deploy.cp_size), job.batch_timeout_s)
         results.append(_run_job(member, job, report_progress) if member is not None else None)
     return results
 
@@ -264,6 +280,18 @@ def _level_runs(job: RankJob, per_rank: Sequence[list[RankRun]]) -> list[LevelRu
         probe = per_rank[0][run].pd_probe
         runs.append(LevelRun(level, steps, outputs, by_batch, pd, stats, probe))
     return runs
+
+
+def _where(jobs: Sequence[RankJob], last: list[BatchProgress]) -> str:
+    """The batch a stopped group was in, from the last batch rank 0 finished (single job)."""
+    if not last:
+        return "before any batch had finished"
+    run, done = last[0].run, last[0].batch
+    numbers = [b.batch for b in jobs[0].batches]
+    if len(jobs) == 1 and done in numbers[:-1]:
+        failed = numbers[numbers.index(done) + 1]
+        return f"in run {run} batch {failed}, after batch {done} had finished"
+    return f"after run {run} batch {done} had finished"
 
 
 def _forward_progress(
@@ -309,8 +337,7 @@ def run_jobs_on_gloo(
     except RuntimeError as exc:
         # NOTE: a rank that died or stalled reports nothing; the batch after the last one
         # rank 0 finished is the one it was in.
-        done = f"after run {last[0].run} batch {last[0].batch}" if last else "before any batch"
-        raise RuntimeError(f"{exc}\n(the group stopped {done} had finished)") from exc
+        raise RuntimeError(f"{exc}\n(the group stopped {_where(jobs, last)})") from exc
     return _job_runs(jobs, per_rank)
 
 
@@ -348,7 +375,9 @@ def run_levels(
     if backend is Backend.GLOO:
         return run_jobs_on_gloo([job], on_progress, timeout_s)[0]
     cp_size = job.deploy.cp_size
-    per_rank = run_local(cp_size, lambda comm: _run_job(comm, job, on_progress), timeout_s)
+    per_rank = run_local(
+        cp_size, lambda comm: _run_job(comm, job, on_progress), min(timeout_s, job.batch_timeout_s)
+    )
     return _level_runs(job, per_rank)
 
 

@@ -17,6 +17,7 @@ VALUE_PROBLEMS = frozenset(
         ProblemCode.MAX_PHASE_OUT_OF_RANGE,
         ProblemCode.CP_MIN_TOKENS_BELOW_ZERO,
         ProblemCode.SHADOW_RATE_OUT_OF_RANGE,
+        ProblemCode.BATCH_TIMEOUT_OUT_OF_RANGE,
         ProblemCode.PD_HOST_INVALID,
     }
 )
@@ -33,6 +34,8 @@ class RunSettings:
     debug_checks: bool
     shadow_rate: float = 0.0
     """Share of batches shadow-verified (``--shadow-rate``)."""
+    batch_timeout_s: float = 60.0
+    """Seconds a batch's collective waits for a stalled rank (``--batch-timeout-s``)."""
     launcher: Launcher = Launcher.AUTO
     """What starts the CP ranks (``--launcher``)."""
     pd_host: str = "127.0.0.1"
@@ -50,6 +53,7 @@ def resolve_run(
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
     cp_min_tokens: int | None = None,
     shadow_rate: float | None = None,
+    batch_timeout_s: float | None = None,
     launcher: Launcher | None = None,
     pd_host: str | None = None,
     materialize: MaterializeMode | None = None,
@@ -76,6 +80,8 @@ def resolve_run(
         cli["nsa_prefill_cp_min_tokens"] = cp_min_tokens
     if shadow_rate is not None:
         cli["shadow_rate"] = shadow_rate
+    if batch_timeout_s is not None:
+        cli["batch_timeout_s"] = batch_timeout_s
     if launcher is not None:
         cli["launcher"] = launcher
     if pd_host is not None:
@@ -98,6 +104,7 @@ def resolve_run(
         flags.max_phase,
         flags.debug_cp_shared_kv,
         flags.shadow_rate,
+        flags.batch_timeout_s,
         flags.launcher,
         flags.pd_host,
         flags.pd_local_host,

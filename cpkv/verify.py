@@ -149,6 +149,7 @@ def verify_job(
     device: str = "cpu",
     shadow_rate: float = 0.0,
     fault: Fault | None = None,
+    batch_timeout_s: float = 60.0,
 ) -> RankJob:
     """What every rank runs to verify ``batches`` once per level."""
     return RankJob(
@@ -163,6 +164,7 @@ def verify_job(
         device=device,
         shadow_rate=shadow_rate,
         fault=fault,
+        batch_timeout_s=batch_timeout_s,
     )
 
 
@@ -189,10 +191,21 @@ def verify_levels(
     device: str = "cpu",
     shadow_rate: float = 0.0,
     fault: Fault | None = None,
+    batch_timeout_s: float = 60.0,
 ) -> VerifyReport:
     """Runs ``batches`` once per level in one group this process starts (the gate deciding
     each batch as the run goes) and compares every run with the reference."""
     job = verify_job(
-        model, deploy, batches, levels, enabled, debug_checks, ceiling, device, shadow_rate, fault
+        model,
+        deploy,
+        batches,
+        levels,
+        enabled,
+        debug_checks,
+        ceiling,
+        device,
+        shadow_rate,
+        fault,
+        batch_timeout_s,
     )
     return verify_runs(job, run_levels(job, backend, on_progress))

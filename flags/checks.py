@@ -11,6 +11,9 @@ from phases import PHASE_NEEDS, PhaseId, startup_problems
 
 Value = str | int | bool | None
 
+MAX_BATCH_TIMEOUT_S = 86400.0
+"""The longest ``--batch-timeout-s``: a day (a collective timeout must fit a timedelta)."""
+
 
 class ProblemCode(StrEnum):
     """Why a flag set cannot start. Codes are stable: scripts match on them."""
@@ -27,6 +30,8 @@ class ProblemCode(StrEnum):
     """``CPKV_MAX_PHASE`` is set outside 0..5."""
     SHADOW_RATE_OUT_OF_RANGE = "SHADOW_RATE_OUT_OF_RANGE"
     """``--shadow-rate`` is outside 0..1."""
+    BATCH_TIMEOUT_OUT_OF_RANGE = "BATCH_TIMEOUT_OUT_OF_RANGE"
+    """``--batch-timeout-s`` is not a finite number of seconds above 0 (at most a day)."""
     PD_HOST_INVALID = "PD_HOST_INVALID"
     """``--pd-host`` or ``--pd-local-host`` is empty, holds whitespace, or names every
     interface (``0.0.0.0``, ``::``): peers need one address to reach."""
@@ -135,6 +140,10 @@ def _value_problems(flags: FlagSet) -> list[Problem]:
         hint = "set --shadow-rate to a share of batches in 0..1"
         code = ProblemCode.SHADOW_RATE_OUT_OF_RANGE
         problems.append(Problem(code, (("shadow_rate", str(flags.shadow_rate)),), hint))
+    if not 0.0 < flags.batch_timeout_s <= MAX_BATCH_TIMEOUT_S:
+        hint = f"set --batch-timeout-s to seconds in (0, {MAX_BATCH_TIMEOUT_S:g}]"
+        code = ProblemCode.BATCH_TIMEOUT_OUT_OF_RANGE
+        problems.append(Problem(code, (("batch_timeout_s", str(flags.batch_timeout_s)),), hint))
     problems += _host_problems(flags)
     return problems
 

@@ -70,6 +70,8 @@ class FlagSet(BaseModel):
     """What starts CP ranks: spawn (here), torchrun (one rank a process), auto (torchrun if set)."""
     shadow_rate: float = 0.0
     """Share of batches (0..1) run twice and compared: the chosen path against its fallback."""
+    batch_timeout_s: float = 60.0
+    """Seconds a batch's collective waits for a stalled rank, then the run stops naming it (> 0)."""
     debug_cp_shared_kv: bool = False
     """Environment only: runtime invariant checks; they may synchronise, so not for benchmarks."""
     max_phase: int | None = None

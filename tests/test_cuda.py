@@ -72,7 +72,8 @@ def _two_batches() -> list[BatchSpec]:
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3, 4, 5])
 def test_run_step_makes_no_host_sync(level: int) -> None:
-    """Under ``set_sync_debug_mode("error")`` any op that waits for the device raises."""
+    """Under ``set_sync_debug_mode("error")`` any op that waits for the device raises; the
+    batch's undo copy of the rows it writes, and writing it back, are checked too."""
     deploy = make_deploy(2, 4)
     batches = _two_batches()
     loop = HostLoop(deploy, level_enabled(level, ALL), pages_for_trace(batches, 4, 2))
@@ -92,7 +93,10 @@ def test_run_step_makes_no_host_sync(level: int) -> None:
             for step in steps:
                 host = engine.host_plan(step.scheduled, step.decision.plan)
                 packed = upload(host, CUDA)
-                engine.run_step(host, expand(host, packed, TINY.vocab_size))
+                tensors = expand(host, packed, TINY.vocab_size)
+                saved = engine.pool.save_rows(tensors.write_dest)  # a batch's undo copy
+                engine.run_step(host, tensors)
+                engine.pool.restore_rows(saved)  # the failure path writes it back
         finally:
             comm.barrier()
             if comm.rank == 0:

@@ -8,21 +8,31 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
+import cpkv.flag_commands as flag_commands
 import cpkv.fuzz as fuzz_mod
 from cpkv.cli import app
 from cpkv.fuzz import run_fuzz
-from flags import FlagError
+from flags import ConfigChange, FlagError
 from flags.sglang_batch import batch_from_forward_batch
 
 runner = CliRunner()
 
 
 def test_bounded_fuzz_run_finds_no_failure() -> None:
-    report = run_fuzz(4.0, seed=1)
+    report = run_fuzz(5.0, seed=1)
     doc = report.to_json()
     assert doc["ok"], doc["targets"]
-    assert set(doc["targets"]) == {"trace", "config", "flags", "from-sglang", "forward-batch"}
-    assert all(t["cases"] >= 50 for t in doc["targets"].values()), doc["targets"]
+    assert set(doc["targets"]) == {
+        "trace",
+        "config",
+        "flags",
+        "from-sglang",
+        "forward-batch",
+        "enable-disable",
+    }
+    # NOTE: an enable/disable case runs the CLI on a fresh file (~10 ms): fewer fit.
+    least = {name: 20 if name == "enable-disable" else 50 for name in doc["targets"]}
+    assert all(t["cases"] >= least[n] for n, t in doc["targets"].items()), doc["targets"]
 
 
 def test_fuzz_command_reports_a_crash_as_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,3 +65,25 @@ def test_adapter_refuses_malformed_fields_clearly(fields: dict[str, object], wor
     """Found by the fuzzer: these raised TypeError (or truncated 3.7 to 3) before."""
     with pytest.raises(FlagError, match=words):
         batch_from_forward_batch(SimpleNamespace(**fields))
+
+
+@pytest.mark.parametrize("bug", ["crash", "half-written"])
+def test_enable_disable_fuzz_reports_a_crash_or_a_half_written_file(
+    bug: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The enable/disable target fails on a traceback, and on an error that leaves the
+    config file changed."""
+    real = flag_commands.apply_change
+
+    def broken(change: ConfigChange) -> ConfigChange:
+        if bug == "crash":
+            raise KeyError("boom")
+        change.path.write_text("enable-nsa-prefill", encoding="utf-8")
+        raise FlagError("disk full")
+
+    monkeypatch.setattr(flag_commands, "apply_change", broken)
+    report = run_fuzz(1.5, seed=4, only={"enable-disable"}).to_json()["targets"]["enable-disable"]
+    assert report["failures"] > 0
+    words = "KeyError" if bug == "crash" else "changed the config file"
+    assert any(words in e for e in report["examples"]), report["examples"]
+    monkeypatch.setattr(flag_commands, "apply_change", real)

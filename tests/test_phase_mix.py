@@ -57,7 +57,7 @@ def test_explain_summary_json_holds_the_mix_and_no_batch_rows(tmp_path: Path) ->
     result = runner.invoke(app, [*args, "--summary", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert list(doc) == ["deployment", "enabled", "ceiling", "summary"]
+    assert list(doc) == ["deployment", "enabled", "ceiling", "killed", "summary"]
     summary = doc["summary"]
     assert [s["phase"] for s in summary["shares"]] == [0, 1, 2, 3, 4, 5]
     assert sum(s["batch_share"] for s in summary["shares"]) == 1.0

@@ -16,6 +16,7 @@ from cpkv_core.planning import (
     OutOfPagesError,
     OwnerPolicy,
     RequestSpec,
+    ScheduledBatch,
     ScheduledRequest,
     ScheduleError,
     Scheduler,
@@ -381,3 +382,47 @@ def test_resuming_in_a_page_owned_by_another_rank_is_not_on_compute_owners() -> 
     assert not scheduled.on_compute_owners
     assert scheduled.current_pages == (11,)  # positions 6..45: pages 1..11
     assert np.array_equal(scheduled.new_pages, scheduled.requests[0].page_table[2:])
+
+
+# -- rollback: a batch whose run failed is undone as a whole ----------------------------------
+
+
+def _same_schedule(a: ScheduledBatch, b: ScheduledBatch) -> bool:
+    return (
+        np.array_equal(a.new_pages, b.new_pages)
+        and a.on_compute_owners == b.on_compute_owners
+        and all(
+            np.array_equal(x.page_table, y.page_table)
+            and (x.rid, x.prefix_len, x.resume_page_owner)
+            == (y.rid, y.prefix_len, y.resume_page_owner)
+            for x, y in zip(a.requests, b.requests, strict=True)
+        )
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(traces(), st.sampled_from([1, 2, 3]), st.sampled_from(list(OwnerPolicy)))
+def test_rollback_restores_the_state_and_a_rerun_schedules_alike(
+    trace: tuple[int, tuple[BatchSpec, ...]], cp_size: int, policy: OwnerPolicy
+) -> None:
+    page_size, batches = trace
+    scheduler = Scheduler(pages_for_trace(batches, page_size, cp_size), page_size, cp_size)
+    for batch in batches:
+        before = scheduler.state()
+        first = scheduler.schedule(batch, policy)
+        scheduler.rollback(batch.batch)
+        assert scheduler.state() == before
+        scheduler.allocator.check_invariants()
+        assert _same_schedule(scheduler.schedule(batch, policy), first)
+
+
+def test_only_the_last_batch_can_be_rolled_back() -> None:
+    scheduler = Scheduler(64, 4, 2)
+    scheduler.schedule(BatchSpec(0, (RequestSpec("a", 0, 6),)))
+    scheduler.schedule(BatchSpec(1, (RequestSpec("a", 6, 4),)))
+    with pytest.raises(RuntimeError, match=r"cannot roll back batch 0: .*now: batch 1"):
+        scheduler.rollback(0)
+    scheduler.rollback(1)
+    with pytest.raises(RuntimeError, match=r"cannot roll back batch 1: .*now: none"):
+        scheduler.rollback(1)
+    assert scheduler.seq_len("a") == 6

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 import cpkv.pd as pd_mod
 from cpkv.cli import app
+from cpkv.explain import ReplayedKill, explain_trace, plan_to_json
 from cpkv.loop import sampled
 from cpkv.pd import PdReport
 from cpkv.runner import Backend, RankJob
@@ -19,7 +21,7 @@ from cpkv.verify import VerifyReport, verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.runtime import FAULT_KINDS, Fault
 from cpkv_core.traces import load_trace
-from phases import levels_of
+from phases import BatchPlan, PhaseId, levels_of
 from phases.registry import REGISTERED_PHASES
 from tests.conftest import DATA, make_deploy
 
@@ -98,7 +100,38 @@ def test_phase_4_fault_at_level_5_is_caught_with_no_wrong_output() -> None:
     """Phase 5's fallback keeps phase 4's split, so each active phase is checked in turn."""
     report = verify_long(rate=1.0, fault=parse_fault("4"), levels=(5,), cp_size=3)
     assert report.ok
-    assert 4 in {k.phase for k in shadow_summary(report).kills}
+    kills = shadow_summary(report).kills
+    assert 4 in {k.phase for k in kills}
+    # explain replays the live kills (--killed PHASE@BATCH) and then decides every batch
+    # as the live run did: phase, plan and every reason code.
+    live = [_decided(row.batch_plan) for row in report.levels[0].rows]
+    batches, deploy = load_trace(LONG, 4).batches, make_deploy(3, 4)
+    replayed = [ReplayedKill(PhaseId(k.phase), k.batch) for k in kills]
+    explained = explain_trace(batches, ALL, deploy, None, replayed)
+    assert [_decided(plan) for plan in explained.plans] == live
+    assert [_decided(plan) for plan in explain_trace(batches, ALL, deploy).plans] != live
+
+
+def _decided(plan: BatchPlan) -> dict[str, Any]:
+    """A batch's decision without the reasons' values (a live kill carries its max_diff)."""
+    document = plan_to_json(plan)
+    for decision in document["phases"]:
+        del decision["reasons"]
+    return document
+
+
+def test_explain_killed_shows_killed_and_refuses_bad_input() -> None:
+    args = ["explain", str(LONG), "--phases", "all", "--cp-size", "2", "--page-size", "4"]
+    result = runner.invoke(app, [*args, "--killed", "5@0", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["killed"] == [{"phase": 5, "batch": 0}]
+    assert document["batches"][0]["phase"] == 5
+    for batch in document["batches"][1:]:
+        assert "KILLED batch=0 replayed=--killed" in batch["phases"][4]["reasons"]
+    for bad, words in [("5@9", "no batch 9"), ("7@0", "PHASE must be 1..5"), ("5", "PHASE@BATCH")]:
+        result = runner.invoke(app, [*args, "--killed", bad])
+        assert result.exit_code == 2 and words in result.stderr, result.output
 
 
 def test_verify_json_has_a_shadow_section(tmp_path: Path) -> None:
@@ -142,7 +175,7 @@ def test_shadow_rate_comes_from_env_and_config(
     [
         (["--shadow-rate", "1.5"], "SHADOW_RATE_OUT_OF_RANGE"),
         (["--inject-fault", "2"], "PHASE in 1, 3, 4, 5"),
-        (["--inject-fault", "5:owner"], "takes KIND drop, row"),
+        (["--inject-fault", "5:wrong"], "takes KIND drop, row, owner"),
     ],
 )
 def test_bad_shadow_options_are_bad_input(args: list[str], words: str) -> None:

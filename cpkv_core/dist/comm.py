@@ -13,17 +13,20 @@ results (``gather_objects``) are bookkeeping, not KV traffic, and are not counte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 __all__ = [
+    "COLLECTIVE_TIMEOUT",
     "CollectiveStats",
+    "CollectiveTimeout",
     "GatherHandle",
     "CommStats",
     "Communicator",
@@ -152,6 +155,24 @@ class Communicator(Protocol):
         ...
 
 
+T = TypeVar("T")
+
+COLLECTIVE_TIMEOUT = "CollectiveTimeout"
+"""The name a collective timeout goes by in a rank's error report (``launch`` looks for it
+to name the ranks that stalled)."""
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective waited its whole timeout: a peer stalled (or is gone without a word)."""
+
+    def __init__(self, rank: int, what: str, waited_s: float, timeout_s: float) -> None:
+        super().__init__(
+            f"rank {rank} waited {waited_s:.1f} s in {what}, over the collective timeout of "
+            f"{timeout_s:g} s: a peer stalled"
+        )
+        self.rank, self.waited_s, self.timeout_s = rank, waited_s, timeout_s
+
+
 def record_all_gather(stats: CommStats, tag: str, tensor: Tensor, world_size: int) -> None:
     contributed = tensor.numel() * tensor.element_size()
     stats.record(tag, contributed, world_size * contributed)
@@ -175,8 +196,13 @@ class TorchDistCommunicator:
     as float8, bit for bit.
     """
 
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None = None, timeout_s: float | None = None
+    ) -> None:
         """Wraps ``group`` (a subgroup from ``dist.new_group`` or None for the default).
+
+        ``timeout_s`` is the group's collective timeout: a collective that fails after
+        waiting that long raises ``CollectiveTimeout`` (None: errors pass as they are).
 
         Raises:
             RuntimeError: No process group is initialised.
@@ -191,6 +217,19 @@ class TorchDistCommunicator:
         self.world_size = dist.get_world_size(group)
         self.backend = str(dist.get_backend(group))
         self.stats = CommStats()
+        self.timeout_s = timeout_s
+
+    def _timed(self, what: str, call: Callable[[], T]) -> T:
+        """Runs one collective; a failure after the whole timeout is a ``CollectiveTimeout``."""
+        start = time.monotonic()
+        try:
+            return call()
+        except Exception as exc:
+            waited = time.monotonic() - start
+            # NOTE: gloo and NCCL word timeouts differently; the time waited does not lie.
+            if self.timeout_s is not None and waited >= 0.9 * self.timeout_s:
+                raise CollectiveTimeout(self.rank, what, waited, self.timeout_s) from exc
+            raise
 
     def all_gather(self, tensor: Tensor, tag: str) -> Tensor:
         """See ``Communicator.all_gather``."""
@@ -201,11 +240,15 @@ class TorchDistCommunicator:
         if self.backend in _SINGLE_TENSOR_BACKENDS:
             flat = wire.reshape(-1)
             out = flat.new_empty((self.world_size * flat.numel(),))
-            _all_gather_single(out, flat, group=self.group)
+            self._timed(
+                f"all_gather({tag!r})", lambda: _all_gather_single(out, flat, group=self.group)
+            )
             gathered = out.view(self.world_size, *tensor.shape)
         else:
             parts = [torch.empty_like(wire) for _ in range(self.world_size)]
-            dist.all_gather(parts, wire, group=self.group)
+            self._timed(
+                f"all_gather({tag!r})", lambda: dist.all_gather(parts, wire, group=self.group)
+            )
             gathered = torch.stack(parts)
         return gathered.view(tensor.dtype) if gathered.dtype != tensor.dtype else gathered
 
@@ -227,36 +270,45 @@ class TorchDistCommunicator:
 
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""
-        dist.barrier(group=self.group)
+        self._timed("barrier", lambda: dist.barrier(group=self.group))
 
     def gather_objects(self, obj: object) -> list[object] | None:
         """See ``Communicator.gather_objects``."""
         dst = 0 if self.group is None else dist.get_global_rank(self.group, 0)
         out: list[object] | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(obj, out, dst=dst, group=self.group)
+        self._timed(
+            "gather_objects", lambda: dist.gather_object(obj, out, dst=dst, group=self.group)
+        )
         return out
 
     def broadcast_object(self, obj: object) -> object:
         """See ``Communicator.broadcast_object``."""
         src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
         box = [obj]
-        dist.broadcast_object_list(box, src=src, group=self.group)
+        self._timed(
+            "broadcast_object",
+            lambda: dist.broadcast_object_list(box, src=src, group=self.group),
+        )
         return box[0]
 
 
-def new_group_communicator(ranks: Sequence[int]) -> TorchDistCommunicator | None:
+def new_group_communicator(
+    ranks: Sequence[int], timeout_s: float | None = None
+) -> TorchDistCommunicator | None:
     """Builds a communicator over a subgroup of the default group's ``ranks``.
 
     A collective over the default group: every rank must call it with the same ``ranks``.
+    ``timeout_s`` bounds each of the subgroup's collectives (None: the default group's).
 
     Returns:
         The subgroup's communicator on member ranks (group-local rank = position in sorted
         ``ranks``), None elsewhere.
     """
-    group = dist.new_group(sorted(ranks))
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+    group = dist.new_group(sorted(ranks), timeout=timeout)
     if dist.get_rank() not in ranks:
         return None
-    return TorchDistCommunicator(group)
+    return TorchDistCommunicator(group, timeout_s)
 
 
 def init_process_group(

@@ -6,6 +6,10 @@ and calls ``fn(comm, *args)`` on each with a ``TorchDistCommunicator`` over the 
 group. Results come back in rank order. Any failure, early exit or timeout tears every
 process down and raises ``RuntimeError`` naming the rank, so a broken test never hangs.
 
+A rank that stalls is named too: when a rank reports a ``CollectiveTimeout`` (its group's
+collective timeout ran out), the ranks still running without a word are the ones it waited
+for.
+
 ``fn`` must be a module-level function importable by a fresh interpreter (children import
 it by name), and its arguments and result must be picklable. A child may call
 ``report_progress(message)`` to stream progress to the parent's ``on_progress``.
@@ -149,6 +153,32 @@ def _dead_peers(procs: Sequence[BaseProcess], done: dict[int, object], rank: int
         time.sleep(_POLL_S)
 
 
+def _stalled_peers(
+    results: _Queue, procs: Sequence[BaseProcess], done: dict[int, object], rank: int
+) -> list[str]:
+    """Peers still running with neither a result nor an error after ``rank``'s collective
+    timed out: the ranks it waited for.
+
+    NOTE: every rank waiting on a stalled one times out at about the same time; a short
+    grace lets their reports arrive, so that only the silent ranks are named.
+    """
+    failed = {rank}
+    grace_end = time.monotonic() + _EXIT_GRACE_S
+    while time.monotonic() < grace_end:
+        try:
+            kind, other, _ = results.get(timeout=_POLL_S)
+        except queue_mod.Empty:
+            continue
+        if kind != "progress":
+            failed.add(other)
+    return [
+        f"rank {r} stalled (still running, neither a result nor an error, when the others' "
+        "collective timed out)"
+        for r, p in enumerate(procs)
+        if r not in done and r not in failed and p.exitcode is None
+    ]
+
+
 def _collect(
     results: _Queue,
     procs: Sequence[BaseProcess],
@@ -183,8 +213,11 @@ def _collect(
             if on_progress is not None:
                 on_progress(ProgressEvent(rank, loads(payload)))
         elif kind == "error":
-            dead = _dead_peers(procs, done, rank)
-            first = f"{'; '.join(dead)} before reporting a result; then " if dead else ""
+            if comm_mod.COLLECTIVE_TIMEOUT in payload:
+                culprits = _stalled_peers(results, procs, done, rank)
+            else:
+                culprits = [f"{d} before reporting a result" for d in _dead_peers(procs, done, rank)]
+            first = f"{'; '.join(culprits)}; then " if culprits else ""
             raise RuntimeError(f"{first}rank {rank} failed:\n{payload}")
         else:
             done[rank] = loads(payload)

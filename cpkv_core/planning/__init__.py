@@ -25,6 +25,7 @@ from cpkv_core.planning.scheduler import (
     ScheduledRequest,
     ScheduleError,
     Scheduler,
+    SchedulerState,
     pages_for_trace,
 )
 from cpkv_core.planning.split_page_aligned import (
@@ -54,6 +55,7 @@ __all__ = [
     "ScheduledBatch",
     "ScheduledRequest",
     "Scheduler",
+    "SchedulerState",
     "SplitStrategy",
     "ViewPlan",
     "build_host_plan",

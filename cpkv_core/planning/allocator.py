@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from cpkv_core.planning.ownership import owner_of_page
 
-__all__ = ["OutOfPagesError", "PageAllocator", "PageTable", "ceil_div"]
+__all__ = ["AllocatorState", "OutOfPagesError", "PageAllocator", "PageTable", "ceil_div"]
 
 PageTable = npt.NDArray[np.int64]
 """A request's logical pages in position order, ``[ceil(seq_len / page_size)]``."""
@@ -49,6 +50,18 @@ class OutOfPagesError(RuntimeError):
 def ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for ints."""
     return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorState:
+    """Everything an allocator holds, as plain values: equal states allocate alike."""
+
+    tables: tuple[tuple[str, tuple[int, ...]], ...]
+    """Every request's page table, by rid."""
+    free: tuple[tuple[int, ...], ...]
+    """Each owner's free pages, ascending (a heap pops the least, whatever its order)."""
+    refcount: tuple[int, ...]
+    """Holders of each page."""
 
 
 class PageAllocator:
@@ -113,6 +126,16 @@ class PageAllocator:
     def pages_in_use(self) -> frozenset[int]:
         """Logical ids of the pages held by at least one request."""
         return frozenset(int(p) for p in self.pages_in_use_array())
+
+    def state(self) -> AllocatorState:
+        """A comparable copy of everything the allocator holds (tests, debug checks)."""
+        return AllocatorState(
+            tables=tuple(
+                sorted((rid, tuple(int(p) for p in t)) for rid, t in self._tables.items())
+            ),
+            free=tuple(tuple(sorted(free)) for free in self._free),
+            refcount=tuple(int(n) for n in self._refcount),
+        )
 
     def refcount(self, page: int) -> int:
         """Number of requests whose page table holds ``page`` (0 when free)."""

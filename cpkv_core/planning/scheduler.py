@@ -4,7 +4,8 @@ For each batch it checks every request against its state (``rules``), allocates 
 of the current tokens and emits a ``ScheduledBatch``: page tables, the pages it allocated
 and their owners, the owner of the page each chunk resumes in, lengths. The gate decides
 from it, every CP rank and the reference run it, and the PD sender reads its page tables:
-none of them allocates. A batch is scheduled as a whole or not at all.
+none of them allocates. A batch is scheduled as a whole or not at all, and the last batch
+scheduled can be rolled back as a whole (``rollback``) when its run fails on some rank.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from cpkv_core.planning.allocator import PageAllocator, PageTable, ceil_div
+from cpkv_core.planning.allocator import AllocatorState, PageAllocator, PageTable, ceil_div
 from cpkv_core.planning.batch import BatchSpec, RequestSpec
 from cpkv_core.planning.ownership import owner_of_page
 from cpkv_core.planning.rules import batch_problem
@@ -29,6 +30,7 @@ __all__ = [
     "ScheduledBatch",
     "ScheduledRequest",
     "Scheduler",
+    "SchedulerState",
     "pages_for_trace",
 ]
 
@@ -116,6 +118,25 @@ class ScheduledBatch:
         return any(self.prefix_lens)
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerState:
+    """Everything a scheduler holds, as plain values (tests and the debug checks compare
+    the state before a failed batch with the state after its rollback)."""
+
+    allocator: AllocatorState
+    seq_lens: tuple[tuple[str, int], ...]
+    """The token ledger: tokens each request holds, by rid."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Undo:
+    """What the last scheduled batch changed: per request, the pages and tokens it held
+    before (``None`` tokens: the request is new)."""
+
+    batch: int
+    held: tuple[tuple[str, int, int | None], ...]
+
+
 def pages_for_trace(batches: Sequence[BatchSpec], page_size: int, cp_size: int) -> int:
     """Logical pages that hold a whole trace whatever owners its pages go to.
 
@@ -143,6 +164,7 @@ class Scheduler:
         self.page_size = page_size
         self.cp_size = cp_size
         self._seq_lens: dict[str, int] = {}
+        self._undo: _Undo | None = None
 
     def __contains__(self, rid: object) -> bool:
         return rid in self._seq_lens
@@ -172,7 +194,12 @@ class Scheduler:
         prefix_lens = tuple(r.prefix_len for r in batch.requests)
         resume_owners = [self._resume_owner(r) for r in batch.requests]
         compute_owners = self._compute_owners(extend_lens, prefix_lens, policy)
+        undo = _Undo(
+            batch.batch,
+            tuple((r.rid, self._pages_held(r), self._seq_lens.get(r.rid)) for r in batch.requests),
+        )
         new_pages = self._allocate_all(batch, compute_owners)
+        self._undo = undo
         requests = tuple(
             ScheduledRequest(
                 rid=r.rid,
@@ -207,10 +234,40 @@ class Scheduler:
             ),
         )
 
+    def rollback(self, batch: int) -> None:
+        """Undoes the last scheduled batch ``batch`` as a whole: page tables, free lists,
+        refcounts and the token ledger are as they were before it, so scheduling the same
+        batch again gives the same ``ScheduledBatch``.
+
+        Raises:
+            RuntimeError: ``batch`` is not the last batch scheduled, or a later change
+                (another batch, a release) has committed it.
+        """
+        undo = self._undo
+        if undo is None or undo.batch != batch:
+            last = "none" if undo is None else f"batch {undo.batch}"
+            raise RuntimeError(
+                f"cannot roll back batch {batch}: only the last batch scheduled can be, before "
+                f"anything else changes the scheduler (rollback-able now: {last})"
+            )
+        for rid, pages, tokens in reversed(undo.held):
+            self.allocator.truncate(rid, pages)
+            if tokens is None:
+                del self._seq_lens[rid]
+            else:
+                self._seq_lens[rid] = tokens
+        self._undo = None
+
+    def state(self) -> SchedulerState:
+        """A comparable copy of the allocator and the token ledger."""
+        return SchedulerState(self.allocator.state(), tuple(sorted(self._seq_lens.items())))
+
     def release(self, rid: str) -> None:
-        """Forgets ``rid``; its pages no other request holds are freed."""
+        """Forgets ``rid``; its pages no other request holds are freed. Commits the last
+        scheduled batch (it can no longer be rolled back)."""
         self.allocator.release(rid)
         del self._seq_lens[rid]
+        self._undo = None
 
     def _resume_owner(self, req: RequestSpec) -> int:
         if req.prefix_len % self.page_size == 0 or req.rid not in self._seq_lens:

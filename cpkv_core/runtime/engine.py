@@ -37,7 +37,7 @@ from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
 from cpkv_core.runtime.faults import Fault
 from cpkv_core.runtime.history_views import HistoryViews
 from cpkv_core.runtime.kv_access import MATERIALIZE_TAG, key_source, write_rows
-from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, SavedRows
 from cpkv_core.runtime.model import (
     ModelWeights,
     Projections,
@@ -160,6 +160,11 @@ class CPEngine:
 
         ``shadow`` (a sampled batch) replaces the single run: the candidate and fallback
         paths are run and compared, and the surviving one is served (``runtime.shadow``).
+
+        All or nothing: if any part raises (the debug checks included), this rank's pool rows
+        the batch wrote are restored and nothing is committed (``requests``,
+        ``stored_pages``); the caller rolls the scheduler back (``Scheduler.rollback``) and
+        may run the batch again.
         """
         start = time.perf_counter()
         before = self._gathered_bytes()
@@ -167,13 +172,16 @@ class CPEngine:
         if self.peers is not None:
             self.peers.batch_start()
         if shadow is None:
-            host, tensors, step = self.run_plan(batch, plan)
-            served = Served(host, tensors, step)
+            served, saved = self.run_plan(batch, plan)
         else:
-            served = run_shadowed(self, batch, shadow)
-        self._commit(batch)
+            served, saved = run_shadowed(self, batch, shadow)
         if self.debug is not None:
-            self.debug.after_batch(batch, served.tensors)
+            try:
+                self.debug.after_batch(batch, served.tensors)
+            except BaseException:
+                self.pool.restore_rows(saved)
+                raise
+        self._commit(batch)
         after = self._gathered_bytes()
         return RankBatchOutput(
             batch=batch.batch,
@@ -198,12 +206,22 @@ class CPEngine:
             tensors = self.fault.apply(host, tensors)
         return host, tensors
 
-    def run_plan(
-        self, batch: ScheduledBatch, plan: ExecutionPlan, reads: list[KVRows] | None = None
-    ) -> tuple[HostPlan, BatchTensors, StepOutput]:
-        """Plans and runs one path of a batch (no commit)."""
+    def run_plan(self, batch: ScheduledBatch, plan: ExecutionPlan) -> tuple[Served, SavedRows]:
+        """Plans and runs one path of a batch (no commit), all or nothing for the pool.
+
+        The rows the batch is about to write (``write_dest``, known from the host plan) are
+        saved first, with device ops only; if the run raises (a failed layer, a peer that
+        died or stalled in a collective), they are written back before the error goes on,
+        so the pool is as it was before the batch. A run that succeeds only pays the copy,
+        and returns it so that a failure before the commit can still undo the batch.
+        """
         host, tensors = self.prepare(batch, plan)
-        return host, tensors, self.run_step(host, tensors, batch, reads)
+        saved = self.pool.save_rows(tensors.write_dest)
+        try:
+            return Served(host, tensors, self.run_step(host, tensors, batch)), saved
+        except BaseException:
+            self.pool.restore_rows(saved)
+            raise
 
     def run_step(
         self,

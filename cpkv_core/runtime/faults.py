@@ -42,14 +42,17 @@ class FaultKind(StrEnum):
     DROP = "drop"
     """A dropped write: the last token row of the write is lost."""
     OWNER = "owner"
-    """A wrong owner: a last token's state is taken from the next rank's contribution."""
+    """A wrong owner. Narrow output: a last token's state is taken from the next rank's
+    contribution. Direct write: each rank takes the first page it computes for another
+    rank's (a wrong compute owner) and does not write it, so its owner's pool never holds
+    it."""
 
 
 FAULT_KINDS: dict[FaultPoint, tuple[FaultKind, ...]] = {
     FaultPoint.NARROW_OUTPUT: (FaultKind.OWNER, FaultKind.ROW),
     FaultPoint.CURRENT_REUSE: (FaultKind.ROW,),
     FaultPoint.PAGE_ALIGNED_SPLIT: (FaultKind.ROW,),
-    FaultPoint.DIRECT_WRITE: (FaultKind.DROP, FaultKind.ROW),
+    FaultPoint.DIRECT_WRITE: (FaultKind.DROP, FaultKind.ROW, FaultKind.OWNER),
 }
 """The kinds each point supports; the first is the default."""
 
@@ -95,5 +98,15 @@ class Fault:
                 write_source=t.write_source[:keep],
                 write_dest=t.write_dest[:keep],
                 written_locs=t.written_locs[:keep],
+            )
+        if self.kind is FaultKind.OWNER:
+            # NOTE: the first write run is this rank's first page; its size is a host int.
+            counts = host.table("write_count")
+            skip = int(counts[0]) if len(counts) else 0
+            return replace(
+                t,
+                write_source=t.write_source[skip:],
+                write_dest=t.write_dest[skip:],
+                written_locs=t.written_locs[skip:],
             )
         return replace(t, write_source=t.write_source.roll(1))

@@ -30,6 +30,15 @@ class KVRows:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class SavedRows:
+    """What some token rows of every layer held before a batch wrote them."""
+
+    rows: Tensor  # [n] pool rows
+    layers: tuple[KVRows, ...]
+    """Per layer, the rows' values (``[n, ...]``)."""
+
+
 def index_k_torch_dtype(dtype: IndexKDtype) -> torch.dtype:
     """The torch dtype that stores index K for ``dtype``."""
     return torch.float8_e4m3fn if dtype is IndexKDtype.FP8_E4M3 else torch.float32
@@ -162,6 +171,16 @@ class PagedKVPool:
         # NOTE: index_copy_ has no float8 kernel; the bytes are copied instead.
         pool.index_k.view(torch.uint8).index_copy_(0, rows_index, rows.index_k.view(torch.uint8))
         pool.index_k_scale.index_copy_(0, rows_index, rows.index_k_scale)
+
+    def save_rows(self, rows_index: Tensor) -> SavedRows:
+        """Copies token rows ``rows_index [n]`` of every layer (device ops, no host read), so
+        that a batch that fails after writing them can be undone with ``restore_rows``."""
+        return SavedRows(rows_index, tuple(layer.select(rows_index) for layer in self.layers))
+
+    def restore_rows(self, saved: SavedRows) -> None:
+        """Writes ``saved`` back: the rows are as they were when it was taken."""
+        for layer, values in enumerate(saved.layers):
+            self.write(layer, saved.rows, values)
 
     def read(self, layer: int, rows_index: Tensor) -> KVRows:
         """Gathers token rows ``rows_index [n]`` of ``layer``."""

@@ -16,6 +16,7 @@ counted under ``SHADOW_TAG``. Comparisons read device values: shadow batches syn
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from cpkv_core.dist.comm import CommStats, Communicator, GatherHandle
 from cpkv_core.planning import ExecutionPlan, ScheduledBatch
-from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, SavedRows
 from cpkv_core.runtime.outputs import (
     OUTPUT_ATOL,
     ShadowMismatch,
@@ -99,6 +100,10 @@ class _PoolGuard:
         ]
         self.rows = torch.cat([self.rows, new])
 
+    def saved_rows(self) -> SavedRows:
+        """The covered rows' pre-batch values."""
+        return SavedRows(self.rows, tuple(self.saved))
+
     def restore(self) -> None:
         for layer, saved in enumerate(self.saved):
             self.pool.write(layer, self.rows, saved)
@@ -155,9 +160,14 @@ def _verdict(cand: _Run, fallback: _Run) -> tuple[int, float]:
     return 0, diff
 
 
-def run_shadowed(engine: CPEngine, batch: ScheduledBatch, shadow: ShadowPlan) -> Served:
-    """Runs ``batch`` under ``shadow`` on this rank (every rank together); see the module."""
-    from cpkv_core.runtime.engine import Served
+def run_shadowed(
+    engine: CPEngine, batch: ScheduledBatch, shadow: ShadowPlan
+) -> tuple[Served, SavedRows]:
+    """Runs ``batch`` under ``shadow`` on this rank (every rank together); see the module.
+
+    Returns the served path and the pre-batch values of every row a run wrote, so that a
+    failure before the commit can undo the batch (a failure in here already has).
+    """
 
     start = time.perf_counter()
     guard, main_comm = _PoolGuard(engine.pool), engine.comm
@@ -193,11 +203,15 @@ def run_shadowed(engine: CPEngine, batch: ScheduledBatch, shadow: ShadowPlan) ->
                 mismatches.append(ShadowMismatch(phase, worst, _WHAT[code]))
                 excluded |= {phase}
             served = fallback.served if code else cand.served
+    except BaseException:
+        # NOTE: a failed batch commits nothing: the pool goes back to its pre-batch rows.
+        guard.restore()
+        raise
     finally:
         engine.comm = main_comm
     if served is None:
-        host, tensors, step = engine.run_plan(batch, shadow.plans[frozenset()])
-        return Served(host, tensors, step, ShadowOutcome((), (), 0.0))
+        plain, saved = engine.run_plan(batch, shadow.plans[frozenset()])
+        return dataclasses.replace(plain, shadow=ShadowOutcome((), (), 0.0)), saved
     seconds = time.perf_counter() - start - main_seconds
     outcome = ShadowOutcome(tuple(compared), tuple(mismatches), seconds)
-    return Served(served.host, served.tensors, served.step, outcome)
+    return dataclasses.replace(served, shadow=outcome), guard.saved_rows()
