@@ -237,6 +237,8 @@ def _run_level(
             for result in sent:
                 if result.released:
                     loop.scheduler.release(result.rid)
+    if engine is not None:
+        engine.close()
     return RankRun(outputs, steps, sent, stats, probe)
 
 

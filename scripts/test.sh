@@ -7,4 +7,4 @@ export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff"; ruff check cpkv_core phases flags cpkv tests
 echo "== mypy"; mypy
 echo "== import layers"; lint-imports
-echo "== pytest"; pytest "$@"
+echo "== pytest"; pytest --durations=15 "$@"

@@ -293,6 +293,17 @@ class CPEngine:
             new_pages = new_pages[owner_of_page(new_pages, self.deploy.cp_size) == self.comm.rank]
         self.stored_pages += int(np.size(new_pages))
 
+    def close(self) -> None:
+        """Unmaps the peers' pools before any owner frees its own; every rank of the group
+        calls it together at the end of a run. Without it a CUDA IPC owner can exit while a
+        peer still maps its arena (torch warns that the producer terminated first)."""
+        if self.peers is None:
+            return
+        self.peers = None
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()
+        self.comm.barrier()
+
     def forget(self, rid: str) -> None:
         """Drops ``rid`` once its KV left this rank (PD, after the decode side's ack)."""
         del self.requests[rid]
