@@ -17,7 +17,7 @@ status=0
 run() {  # run NAME CMD...: one check, its output and time in $OUT/NAME.txt
   local name="$1"; shift
   local start=$SECONDS
-  "$@" >"$OUT/$name.txt" 2>&1; local rc=$?
+  "$@" >"$OUT/$name.txt" 2>"$OUT/$name.err"; local rc=$?
   echo "$name rc=$rc $((SECONDS-start))s" | tee -a "$OUT/summary.txt"
   [ $rc -eq 0 ] || status=1
 }
@@ -33,6 +33,12 @@ run verify_torchrun_nccl "$PY" -m torch.distributed.run --standalone --nproc-per
 # prefetch fetches the next layer's history view on a side stream.
 run verify_gloo_peer_read cpkv verify tests/data/long.jsonl --phases all --cp-size 4 \
   --page-size 16 --backend gloo --device cuda --materialize peer-read --json
+# NOTE: every rank unmaps its peers' pools before any owner exits (CPEngine.close).
+if grep -q "Producer process has been terminated" "$OUT/verify_gloo_peer_read.err"; then
+  echo "verify_gloo_peer_read: a CUDA IPC owner exited before its peers unmapped" \
+    | tee -a "$OUT/summary.txt"
+  status=1
+fi
 run verify_gloo_prefetch cpkv verify tests/data/long.jsonl --phases all --cp-size 4 \
   --page-size 16 --backend gloo --device cuda --materialize-prefetch --json
 exit $status
