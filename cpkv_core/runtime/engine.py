@@ -300,9 +300,9 @@ class CPEngine:
         if self.peers is None:
             return
         self.peers = None
-        if self.device.type == "cuda":
-            torch.cuda.ipc_collect()
         self.comm.barrier()
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]  # NOTE: what peers let go
 
     def forget(self, rid: str) -> None:
         """Drops ``rid`` once its KV left this rank (PD, after the decode side's ack)."""

@@ -152,17 +152,27 @@ def _new_arena(sharing: PoolSharing, nbytes: int, device: torch.device) -> tuple
     return torch.from_file(str(path), shared=True, size=nbytes, dtype=torch.uint8), path
 
 
-def _handle(sharing: PoolSharing, arena: Tensor, path: Path) -> object:
-    """What crosses the group so peers can map ``arena``: the tensor, a path, IPC args."""
+def _handles(sharing: PoolSharing, arena: Tensor, path: Path, world_size: int) -> list[object]:
+    """What crosses the group so peers can map ``arena``, one per rank: the tensor, a path,
+    or CUDA IPC args.
+
+    CUDA IPC args are made once per peer: each ``reduce_tensor`` adds one to the owner's IPC
+    ref counter and each peer's mapping takes one off when it is freed, so the owner can
+    free its arena once every peer unmapped it (one set of args opened by several peers
+    would leave the counter below zero and the arena in torch's limbo until exit)."""
     if sharing is PoolSharing.REFERENCE:
-        return arena
+        return [arena] * world_size
     if sharing is PoolSharing.SHARED_FILE:
-        return str(path)
+        return [str(path)] * world_size
     from torch.multiprocessing.reductions import reduce_tensor
 
-    _, args = reduce_tensor(arena)  # type: ignore[no-untyped-call]
-    handle: object = args
-    return handle
+    return [reduce_tensor(arena)[1] for _ in range(world_size)]  # type: ignore[no-untyped-call]
+
+
+def _for_me(per_rank: object, rank: int) -> object:
+    """The handle an owner made for ``rank``."""
+    assert isinstance(per_rank, list), f"handles come one per rank, got {type(per_rank)}"
+    return per_rank[rank]
 
 
 def _open(sharing: PoolSharing, handle: object, nbytes: int) -> Tensor:
@@ -201,10 +211,13 @@ def open_shared_pools(
     nbytes = arena_bytes(cfg, num_pages, page_size, dtype)
     arena, path = _new_arena(sharing, nbytes, device)
     try:
-        handles = _all_gather_objects(comm, _handle(sharing, arena, path))
+        # NOTE: no args for this rank's own arena: it is read in place.
+        mine = _handles(sharing, arena, path, comm.world_size - 1)
+        mine.insert(comm.rank, None)
+        handles = _all_gather_objects(comm, mine)
         arenas = [
-            arena if rank == comm.rank else _open(sharing, handle, nbytes)
-            for rank, handle in enumerate(handles)
+            arena if owner == comm.rank else _open(sharing, _for_me(per_rank, comm.rank), nbytes)
+            for owner, per_rank in enumerate(handles)
         ]
         comm.barrier()  # NOTE: every peer has mapped this arena before its file goes
     finally:
