@@ -36,11 +36,11 @@ from cpkv.report import (
     render_pd,
     render_phases,
 )
-from cpkv.runner import Backend, BatchProgress
+from cpkv.runner import Backend, BatchProgress, RankJob, run_levels
 from cpkv.settings import RunSettings, resolve_run
 from cpkv.shadow_report import FaultOpt, ShadowRateOpt, parse_fault, shadow_summary
 from cpkv.torchrun_verify import verify_on_torchrun
-from cpkv.verify import VerifyReport, verify_job, verify_levels
+from cpkv.verify import VerifyReport, verify_job, verify_runs
 from cpkv_core.config import (
     CpMode,
     DeploymentConfig,
@@ -148,37 +148,36 @@ def _levels(settings: RunSettings) -> list[int]:
     ]
 
 
-def _run_verify(
+def _verify_job(
     trace: Trace,
     model: ModelConfig,
     settings: RunSettings,
-    backend: Backend,
-    show_progress: bool,
     device: Device = Device.CPU,
     fault: Fault | None = None,
-) -> VerifyReport:
-    deploy = settings.deploy
-    levels = _levels(settings)
+) -> RankJob:
+    """What every rank runs for ``cpkv verify``, whichever launcher starts the ranks."""
+    return verify_job(
+        model,
+        settings.deploy,
+        trace.batches,
+        _levels(settings),
+        settings.enabled,
+        settings.debug_checks,
+        settings.ceiling,
+        str(device),
+        settings.shadow_rate,
+        fault,
+        settings.batch_timeout_s,
+    )
 
+
+def _run_verify(job: RankJob, backend: Backend, show_progress: bool) -> VerifyReport:
     def run(on_progress: Callable[[BatchProgress], None] | None) -> VerifyReport:
-        return verify_levels(
-            model,
-            deploy,
-            trace.batches,
-            levels,
-            settings.enabled,
-            backend,
-            on_progress,
-            settings.debug_checks,
-            settings.ceiling,
-            str(device),
-            settings.shadow_rate,
-            fault,
-            settings.batch_timeout_s,
-        )
+        return verify_runs(job, run_levels(job, backend, on_progress))
 
-    description = f"levels {', '.join(map(str, levels))} on {deploy.cp_size} {backend} ranks"
-    return with_progress(show_progress, description, len(trace.batches) * len(levels), run)
+    levels = job.levels
+    description = f"levels {', '.join(map(str, levels))} on {job.deploy.cp_size} {backend} ranks"
+    return with_progress(show_progress, description, len(job.batches) * len(levels), run)
 
 
 def _render_verify(report: VerifyReport, deploy: DeploymentConfig) -> None:
@@ -231,25 +230,13 @@ def verify(
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
         worker = torchrun_worker(settings.launcher, backend, settings.deploy.cp_size, device)
+    job = _verify_job(trace, model, settings, device, fault)
     if worker is not None:
-        job = verify_job(
-            model,
-            settings.deploy,
-            trace.batches,
-            _levels(settings),
-            settings.enabled,
-            settings.debug_checks,
-            settings.ceiling,
-            str(device),
-            settings.shadow_rate,
-            fault,
-            settings.batch_timeout_s,
-        )
         render = partial(_render_verify, deploy=settings.deploy)
         verify_on_torchrun(worker, job, dist_backend(device), as_json, render)
     if device is Device.META:
         _dry_run_exit(settings.deploy, trace, as_json, settings)
-    report = _run_verify(trace, model, settings, backend, not as_json, device, fault)
+    report = _run_verify(job, backend, not as_json)
     emit(as_json, report.to_json(), lambda: _render_verify(report, settings.deploy))
     raise typer.Exit(0 if report.ok else 1)
 
@@ -455,7 +442,8 @@ def demo(
             f"cp_size={cp_size} {cp_mode}, page_size={page_size}, backend {backend}, "
             f"phases {','.join(str(int(p)) for p in sorted(settings.enabled))} on"
         )
-    report = _run_verify(trace, model_preset("tiny"), settings, backend, not as_json, device, fault)
+    job = _verify_job(trace, model_preset("tiny"), settings, device, fault)
+    report = _run_verify(job, backend, not as_json)
     pd_report = _run_pd(trace, settings, timeout_s=30.0, retries=0, fault=fault)
     document = report.to_json() | {"pd": pd_report.to_json()}
 

@@ -69,27 +69,20 @@ def resolve_run(
     Raises:
         ValueError: a malformed config, environment variable, option or phase list.
     """
-    cli: dict[str, object] = {}
+    given: dict[str, object] = {
+        "page_size": page_size,
+        "nsa_prefill_cp_mode": cp_mode,
+        "nsa_prefill_cp_min_tokens": cp_min_tokens,
+        "shadow_rate": shadow_rate,
+        "batch_timeout_s": batch_timeout_s,
+        "launcher": launcher,
+        "pd_host": pd_host,
+        "materialize": materialize,
+        "materialize_prefetch": materialize_prefetch,
+    }
+    cli = {flag: value for flag, value in given.items() if value is not None}
     if cp_size is not None:
         cli |= {"attn_cp_size": cp_size, "enable_nsa_prefill_context_parallel": True}
-    if page_size is not None:
-        cli["page_size"] = page_size
-    if cp_mode is not None:
-        cli["nsa_prefill_cp_mode"] = cp_mode
-    if cp_min_tokens is not None:
-        cli["nsa_prefill_cp_min_tokens"] = cp_min_tokens
-    if shadow_rate is not None:
-        cli["shadow_rate"] = shadow_rate
-    if batch_timeout_s is not None:
-        cli["batch_timeout_s"] = batch_timeout_s
-    if launcher is not None:
-        cli["launcher"] = launcher
-    if pd_host is not None:
-        cli["pd_host"] = pd_host
-    if materialize is not None:
-        cli["materialize"] = materialize
-    if materialize_prefetch is not None:
-        cli["materialize_prefetch"] = materialize_prefetch
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:
