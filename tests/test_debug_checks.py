@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import cpkv.cli as cli_mod
 import cpkv.pd as pd_mod
 from cpkv.cli import app
-from cpkv.runner import Backend
+from cpkv.runner import Backend, LevelRun, RankJob
 from cpkv.verify import VerifyReport, verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.planning import BatchSpec
@@ -186,11 +186,12 @@ def test_flag_reaches_demo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SGLANG_DEBUG_CP_SHARED_KV", "1")
     verified: list[bool] = []
 
-    def verify_spy(*args: Any, **kwargs: Any) -> VerifyReport:
-        verified.append(args[7])  # NOTE: debug_checks, positional in cli._run_verify
-        return VerifyReport(())
+    def verify_spy(job: RankJob, *args: Any, **kwargs: Any) -> list[LevelRun]:
+        verified.append(job.debug_checks)  # NOTE: the job every rank runs
+        return []
 
-    monkeypatch.setattr(cli_mod, "verify_levels", verify_spy)
+    monkeypatch.setattr(cli_mod, "run_levels", verify_spy)
+    monkeypatch.setattr(cli_mod, "verify_runs", lambda job, runs: VerifyReport(()))
     jobs = spy_pd_jobs(monkeypatch)
     result = runner.invoke(app, ["demo", "--backend", "local", "--cp-size", "2", "--json"])
     assert isinstance(result.exception, Reached), result.output
