@@ -150,8 +150,19 @@ def render_bench(console: Console, report: BenchReport) -> None:
     render_cp_off(console, report.cp_off)
     render_peer_read(console, report.peer_read, report.step_time_cp_size)
     render_overlap(console, report.overlap)
-    pd = Table(title="PD: bytes each prefill rank sent for the trace (Mooncake, loopback)")
-    names = ("level", "bytes by rank", "writes by rank", "busiest share", "MiB/s", "large write")
+    pd = Table(
+        title=f"PD: bytes each prefill rank sent for the trace (Mooncake, loopback; "
+        f"{report.pd.model}, {report.pd.row_bytes_per_token} B per token)"
+    )
+    names = (
+        "level",
+        "bytes by rank",
+        "writes by rank",
+        "busiest share",
+        "MiB/s",
+        "large write",
+        "ceiling",
+    )
     for name in names:
         pd.add_column(name, justify="right")
     for sent in report.pd.levels:
@@ -162,6 +173,7 @@ def render_bench(console: Console, report: BenchReport) -> None:
             f"{sent.max_share:.3f}",
             f"{sent.mib_per_second:.0f}",
             f"{sent.large_write_mib_per_second:.0f}",
+            f"{sent.concurrent_mib_per_second:.0f}",
         )
     console.print(pd)
     figure = report.pd
@@ -170,6 +182,11 @@ def render_bench(console: Console, report: BenchReport) -> None:
         f"{figure.group_mib_per_second:.0f}) vs one large write of the same bytes "
         f"{figure.large_write_mib_per_second:.0f} MiB/s: ratio {figure.throughput_ratio:.2f} "
         f"(group {figure.group_throughput_ratio:.2f}); medians over levels"
+    )
+    console.print(
+        f"PD ceiling, every rank writing its share in one call at once: ratio "
+        f"{figure.ceiling_ratio:.2f} (group {figure.group_ceiling_ratio:.2f}); the send "
+        f"path gets {figure.of_ceiling:.2f} of it"
     )
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")

@@ -28,12 +28,13 @@ from cpkv_core.dist import (
     spawn_group,
 )
 from cpkv_core.pd import (
+    ConcurrentWrite,
     LargeWrite,
     PdSender,
     PdTarget,
     SendResult,
     WriteStats,
-    time_large_write,
+    time_baselines,
 )
 from cpkv_core.planning import BatchSpec, ScheduledBatch
 from cpkv_core.runtime import (
@@ -120,6 +121,7 @@ class RankRun:
     pd: list[SendResult]
     pd_stats: WriteStats | None = None
     pd_probe: LargeWrite | None = None
+    pd_concurrent: ConcurrentWrite | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,9 @@ class LevelRun:
     """``pd_stats[rank]``: what each rank's PD writes cost (PD runs only)."""
     pd_probe: LargeWrite | None = None
     """One large write of the run's KV bytes, timed after it (``PdTarget.probe``)."""
+    pd_concurrent: tuple[ConcurrentWrite, ...] = ()
+    """``pd_concurrent[rank]``: every rank writing its share of the same bytes in one call,
+    at once, timed after the large write (``PdTarget.probe``)."""
 
 
 def request_order(batches: Sequence[BatchSpec]) -> list[str]:
@@ -228,18 +233,21 @@ def _run_level(
                 notify(BatchProgress(run, batch.batch))
     sent: list[SendResult] = []
     probe: LargeWrite | None = None
+    concurrent: ConcurrentWrite | None = None
     stats: WriteStats | None = None
     if sender is not None:
         sent, stats = sender.finish(), sender.stats
-        if sender.target.probe and comm.rank == 0:
-            probe = time_large_write(sender.target, sender.total_bytes)
+        if sender.target.probe:
+            probe, concurrent = time_baselines(
+                sender.target, sender.total_bytes, comm.rank, comm.world_size, comm.barrier
+            )
         if loop is not None:
             for result in sent:
                 if result.released:
                     loop.scheduler.release(result.rid)
     if engine is not None:
         engine.close()
-    return RankRun(outputs, steps, sent, stats, probe)
+    return RankRun(outputs, steps, sent, stats, probe, concurrent)
 
 
 def _run_job(
@@ -280,7 +288,10 @@ def _level_runs(job: RankJob, per_rank: Sequence[list[RankRun]]) -> list[LevelRu
             s for rank in range(job.deploy.cp_size) if (s := per_rank[rank][run].pd_stats)
         )
         probe = per_rank[0][run].pd_probe
-        runs.append(LevelRun(level, steps, outputs, by_batch, pd, stats, probe))
+        concurrent = tuple(
+            c for rank in range(job.deploy.cp_size) if (c := per_rank[rank][run].pd_concurrent)
+        )
+        runs.append(LevelRun(level, steps, outputs, by_batch, pd, stats, probe, concurrent))
     return runs
 
 

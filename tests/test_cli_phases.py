@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from cpkv.bench_cp_off import CP_OFF_SIZES
 from cpkv.cli import app
+from cpkv.runner import final_seq_lens
 from cpkv_core.traces import load_trace
 from tests.conftest import DATA
 
@@ -161,6 +162,15 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
         assert row["large_write_mib_per_second"] > 0 and all(row["write_calls_by_rank"])
     assert isinstance(pd["throughput_ratio"], float) and pd["throughput_ratio"] > 0
     assert pd["group_throughput_ratio"] > 0 and pd["median_flush_ratio"] > 0
+    # DeepSeek-V3.2's rows on the tiny model's 2 layers: fp32 latent 512 + rope 64, fp8
+    # index K 128 and its fp32 scale.
+    assert pd["row_bytes_per_token"] == 2 * ((512 + 64) * 4 + 128 + 4)
+    tokens = sum(final_seq_lens(load_trace(DATA / "long.jsonl", 16).batches).values())
+    for row in pd["levels"]:  # the ceiling: every rank writes its share at once
+        assert sum(row["bytes_by_rank"]) == tokens * pd["row_bytes_per_token"]
+        assert 0 <= row["concurrent_write_bytes"] - row["large_write_bytes"] < 4
+        assert row["concurrent_mib_per_second"] > 0 and row["concurrent_group_mib_per_second"] > 0
+    assert pd["ceiling_ratio"] > 0 and pd["group_ceiling_ratio"] > 0 and pd["of_ceiling"] > 0
     level5 = [row for row in doc["write_path"] if row["level"] == 5 and row["phase"] == 5]
     assert level5 and all(row["write_path_bytes"] == 0 for row in level5)
     assert doc["step_time"]["levels"][0]["ratio_to_level0"] == 1.0

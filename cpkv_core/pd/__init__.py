@@ -13,7 +13,7 @@ from cpkv_core.pd.prefill import (
     PdTarget,
     SendResult,
 )
-from cpkv_core.pd.probe import LargeWrite, time_large_write
+from cpkv_core.pd.probe import ConcurrentWrite, LargeWrite, time_baselines
 from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown
 from cpkv_core.pd.transport import LOOPBACK
 from cpkv_core.pd.writer import WriteStats
@@ -23,6 +23,7 @@ __all__ = [
     "LOOPBACK",
     "MIN_WRITE_BYTES",
     "STAGING_BYTES",
+    "ConcurrentWrite",
     "DecodeServer",
     "LargeWrite",
     "PdFaults",
@@ -35,5 +36,5 @@ __all__ = [
     "Shutdown",
     "WriteStats",
     "serve_decode",
-    "time_large_write",
+    "time_baselines",
 ]

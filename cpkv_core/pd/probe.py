@@ -1,14 +1,18 @@
-"""The bench's baseline: one large-buffer write to the decode server over the same transport.
+"""The bench's baselines: large-buffer writes to the decode server over the same transport.
 
-``cpkv bench`` divides the PD send path's throughput by this one, measured in the same run
-and on the same engines: one ``batch_transfer_sync_write`` of one registered buffer into a
-scratch buffer the decode server registers for it.
+``cpkv bench`` divides the PD send path's throughput by one large write's, measured in the
+same run and on the same engines: one ``batch_transfer_sync_write`` of one registered buffer
+into a scratch buffer the decode server registers for it. Next to it, every rank of the
+group writes its share of the same bytes in one call at once: the most any sender could get
+from this transport with ``cp_size`` writers on this machine (its ceiling).
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Client
 
@@ -16,7 +20,7 @@ import torch
 
 from cpkv_core.pd.prefill import PdTarget, process_transport
 from cpkv_core.pd.protocol import Probe, ProbeEnd, ProbeReply
-from cpkv_core.pd.transport import Write
+from cpkv_core.pd.transport import Transport, Write
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,8 +32,21 @@ class LargeWrite:
     """Median over the repeats, after one warm-up write."""
 
 
-def time_large_write(target: PdTarget, nbytes: int, repeats: int = 3) -> LargeWrite:
-    """Times one write of ``nbytes`` from a registered buffer into the decode server."""
+@dataclass(frozen=True, slots=True)
+class ConcurrentWrite:
+    """One rank's part of the group's concurrent writes (the ceiling)."""
+
+    nbytes: int
+    """This rank's share, written in one call each repeat."""
+    spans: tuple[tuple[float, float], ...]
+    """(start, end) ``time.perf_counter`` of each timed repeat (the warm-up left out): one
+    clock for every process of a host, so the group's spans can be merged per repeat."""
+
+
+@contextlib.contextmanager
+def _probe_write(target: PdTarget, nbytes: int) -> Iterator[tuple[str, Write]]:
+    """A write of ``nbytes`` from a registered source into a scratch buffer the decode
+    server registers for it: (the server's session, the write); both freed on exit."""
     transport = process_transport(target.local_host)
     source = torch.full((nbytes,), 7, dtype=torch.uint8)
     transport.register([source])
@@ -38,14 +55,53 @@ def time_large_write(target: PdTarget, nbytes: int, repeats: int = 3) -> LargeWr
             conn.send(Probe(nbytes))
             reply = conn.recv()
             assert isinstance(reply, ProbeReply), reply
-            write = [Write(source.data_ptr(), reply.address, nbytes)]
-            samples = []
-            for _ in range(repeats + 1):
-                began = time.perf_counter()
-                transport.write(reply.session, write)
-                samples.append(time.perf_counter() - began)
-            conn.send(ProbeEnd(reply.address))
-            conn.recv()
+            try:
+                yield reply.session, Write(source.data_ptr(), reply.address, nbytes)
+            finally:
+                conn.send(ProbeEnd(reply.address))
+                conn.recv()
     finally:
         transport.unregister(source)
-    return LargeWrite(nbytes, statistics.median(samples[1:]))
+
+
+def _timed_write(transport: Transport, session: str, write: Write) -> tuple[float, float]:
+    """(start, end) ``time.perf_counter`` of one write call."""
+    began = time.perf_counter()
+    transport.write(session, [write])
+    return began, time.perf_counter()
+
+
+def time_baselines(
+    target: PdTarget,
+    total_bytes: int,
+    rank: int,
+    world_size: int,
+    barrier: Callable[[], None],
+    repeats: int = 5,
+) -> tuple[LargeWrite | None, ConcurrentWrite]:
+    """Every rank of the group calls this at once. Each round, rank 0 writes all
+    ``total_bytes`` in one call while the others wait, and every rank writes its share in
+    one call, at once; the two take turns going first (a write right after another is
+    slower). Interleaved, both baselines see the same machine; one warm-up round, then
+    ``repeats`` timed ones.
+
+    Returns:
+        (rank 0's large write, None on other ranks; this rank's concurrent writes).
+    """
+    transport = process_transport(target.local_host)
+    share = -(-total_bytes // world_size)
+    large: list[float] = []
+    spans: list[tuple[float, float]] = []
+    with contextlib.ExitStack() as stack:
+        session, concurrent = stack.enter_context(_probe_write(target, share))
+        big = stack.enter_context(_probe_write(target, total_bytes)) if rank == 0 else None
+        for round_ in range(2 * (repeats + 1)):
+            barrier()
+            if round_ % 4 in (0, 3):
+                if big is not None:
+                    began, end = _timed_write(transport, *big)
+                    large.append(end - began)
+            else:
+                spans.append(_timed_write(transport, session, concurrent))
+    one = LargeWrite(total_bytes, statistics.median(large[1:])) if rank == 0 else None
+    return one, ConcurrentWrite(share, tuple(spans[1:]))
