@@ -17,6 +17,7 @@ import torch
 from cpkv_core.pd.prefill import PdTarget, process_transport
 from cpkv_core.pd.protocol import Probe, ProbeEnd, ProbeReply
 from cpkv_core.pd.transport import Write
+from cpkv_core.pd.wire import call
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +36,7 @@ def time_large_write(target: PdTarget, nbytes: int, repeats: int = 3) -> LargeWr
     transport.register([source])
     try:
         with Client(target.address, authkey=target.authkey) as conn:
-            conn.send(Probe(nbytes))
-            reply = conn.recv()
+            reply = call(conn, Probe(nbytes))
             assert isinstance(reply, ProbeReply), reply
             write = [Write(source.data_ptr(), reply.address, nbytes)]
             samples = []
@@ -44,8 +44,7 @@ def time_large_write(target: PdTarget, nbytes: int, repeats: int = 3) -> LargeWr
                 began = time.perf_counter()
                 transport.write(reply.session, write)
                 samples.append(time.perf_counter() - began)
-            conn.send(ProbeEnd(reply.address))
-            conn.recv()
+            call(conn, ProbeEnd(reply.address))
     finally:
         transport.unregister(source)
     return LargeWrite(nbytes, statistics.median(samples[1:]))
