@@ -4,7 +4,6 @@ Mooncake, and check the rebuilt KV and a decode step against the reference."""
 from __future__ import annotations
 
 import contextlib
-import io
 import multiprocessing as mp
 import os
 import queue
@@ -29,13 +28,19 @@ from cpkv_core.pd import (
     LOOPBACK,
     MIN_WRITE_BYTES,
     STAGING_BYTES,
+    Message,
     PdFaults,
     PdTarget,
     Report,
     ReportReply,
     RequestReport,
     Shutdown,
+    TensorData,
+    WireError,
+    call,
+    from_data,
     serve_decode,
+    to_data,
 )
 from cpkv_core.planning import (
     BatchSpec,
@@ -61,17 +66,18 @@ class DecodeProcess:
     session: str
     authkey: bytes
 
-    def call(self, message: object) -> object:
-        """One control round trip."""
+    def call(self, message: Message) -> Message | None:
+        """One control round trip (a reply that is not a protocol frame is an error too)."""
         try:
             with Client(self.address, authkey=self.authkey) as conn:
-                conn.send(message)
-                return conn.recv()
+                return call(conn, message)
         except (EOFError, OSError) as exc:
             code = self.process.exitcode
             raise DecodeServerError(
                 f"decode server unreachable (exit code {code}): {exc!r}"
             ) from exc
+        except WireError as exc:
+            raise DecodeServerError(f"decode server sent a bad frame: {exc}") from exc
 
     def report(self) -> ReportReply:
         """Every request's state, rebuilt KV and decode step."""
@@ -214,21 +220,24 @@ def reference_requests(
     return result
 
 
-def _load(payload: bytes) -> Any:
-    return torch.load(io.BytesIO(payload), weights_only=False)
+def identical(got: TensorData, want: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes as ``want``, and equal to it as numbers, so a NaN (whose
+    bytes may match) never counts as equal."""
+    return got == to_data(want) and torch.equal(from_data(got), want)
 
 
 def _check(got: RequestReport | None, want: ReferenceRequest) -> tuple[bool, float | None]:
     """(rebuilt KV equal byte for byte, largest decode-step difference) of one request."""
     if got is None or not got.ready:
         return False, None
-    kv = _load(got.kv)
-    kv_equal = all(
-        torch.equal(a, b)
-        for rows, ref in zip(kv, want.kv, strict=True)
-        for a, b in zip(rows, ref, strict=True)
+    ref = [t for rows in want.kv for t in rows]
+    kv_equal = len(got.kv) == len(ref) and all(
+        identical(a, b) for a, b in zip(got.kv, ref, strict=True)
     )
-    hidden, logits = _load(got.decode)
+    try:
+        hidden, logits = (from_data(t) for t in got.decode)
+    except ValueError:  # NOTE: not two tensors, or a malformed one: no decode step to check
+        return kv_equal, None
     diff = max(max_abs_diff(hidden, want.decode[0]), max_abs_diff(logits, want.decode[1]))
     return kv_equal, diff
 

@@ -14,8 +14,10 @@ from cpkv_core.pd.prefill import (
     SendResult,
 )
 from cpkv_core.pd.probe import ConcurrentWrite, LargeWrite, time_baselines
-from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown
+from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown, TensorData
+from cpkv_core.pd.tensor_data import from_data, to_data
 from cpkv_core.pd.transport import LOOPBACK
+from cpkv_core.pd.wire import Message, WireError, call, decode, encode
 from cpkv_core.pd.writer import WriteStats
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "ConcurrentWrite",
     "DecodeServer",
     "LargeWrite",
+    "Message",
     "PdFaults",
     "PdSender",
     "PdTarget",
@@ -34,7 +37,14 @@ __all__ = [
     "RequestReport",
     "SendResult",
     "Shutdown",
+    "TensorData",
+    "WireError",
     "WriteStats",
+    "call",
+    "decode",
+    "encode",
+    "from_data",
     "serve_decode",
     "time_baselines",
+    "to_data",
 ]

@@ -13,7 +13,6 @@ decode step of the model on the rebuilt KV.
 
 from __future__ import annotations
 
-import io
 import os
 import threading
 import time
@@ -46,7 +45,9 @@ from cpkv_core.pd.protocol import (
     Verdict,
 )
 from cpkv_core.pd.receive import ArenaFullError, ReceiveArena, tiling_error, unpack_pieces
+from cpkv_core.pd.tensor_data import to_data
 from cpkv_core.pd.transport import LOOPBACK, Transport
+from cpkv_core.pd.wire import MAX_REQUEST_BYTES, Message, WireError, decode, encode
 from cpkv_core.planning import BatchSpec, RequestSpec, ScheduledRequest, Scheduler
 from cpkv_core.runtime.reference import ReferenceModel
 
@@ -84,13 +85,6 @@ class Attempt:
     def key(self) -> str:
         """The attempt's name in the decode allocator: a retry never reuses its pages."""
         return f"{self.rid}#{self.attempt}"
-
-
-def tensor_bytes(obj: object) -> bytes:
-    """``torch.save`` to bytes (tensors, including fp8, pickle safely this way)."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
 
 
 class DecodeServer:
@@ -164,7 +158,35 @@ class DecodeServer:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: Connection) -> None:
-        handlers: dict[type, Callable[[Any], object]] = {
+        """Answers one connection's frames in order until it closes or sends Shutdown.
+
+        A frame that does not decode gets an ``ErrorReply`` saying why and the connection
+        stays usable; a frame over ``MAX_REQUEST_BYTES`` closes it (its body is never read).
+        """
+        with conn:
+            while True:
+                try:
+                    frame = conn.recv_bytes(MAX_REQUEST_BYTES)
+                except (EOFError, OSError):
+                    return
+                try:
+                    message = decode(frame)
+                except WireError as exc:
+                    conn.send_bytes(encode(ErrorReply(f"bad frame: {exc}")))
+                    continue
+                if isinstance(message, Shutdown):
+                    conn.send_bytes(encode(None))
+                    self.stopped.set()
+                    return
+                try:
+                    reply = encode(self._dispatch(message))
+                except Exception as exc:
+                    reply = encode(ErrorReply(f"{type(exc).__name__}: {exc}"))
+                conn.send_bytes(reply)
+
+    def _dispatch(self, message: Message | None) -> Message | None:
+        """The reply to one request (``ErrorReply`` for a message that is not a request)."""
+        handlers: dict[type, Callable[[Any], Message | None]] = {
             Alloc: self._on_alloc,
             Done: self._on_done,
             Await: self._on_await,
@@ -173,24 +195,12 @@ class DecodeServer:
             Probe: self._on_probe,
             ProbeEnd: self._on_probe_end,
         }
-        with conn:
-            while True:
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    return
-                if isinstance(message, Shutdown):
-                    conn.send(None)
-                    self.stopped.set()
-                    return
-                handler = handlers.get(type(message))
-                try:
-                    reply = handler(message) if handler else ErrorReply(f"unknown {message!r}")
-                except Exception as exc:
-                    reply = ErrorReply(f"{type(exc).__name__}: {exc}")
-                conn.send(reply)
+        handler = handlers.get(type(message))
+        if handler is None:
+            return ErrorReply(f"{type(message).__name__} is not a request to the decode server")
+        return handler(message)
 
-    def _on_alloc(self, msg: Alloc) -> object:
+    def _on_alloc(self, msg: Alloc) -> AllocReply | ErrorReply:
         with self.cond:
             current = self.attempts.get(msg.rid)
             if current is not None and current.attempt == msg.attempt:
@@ -365,14 +375,14 @@ class DecodeServer:
         request = _request_view(scheduler, attempt.key)
         locs = self.model.locs(request, 0, attempt.seq_len)
         kv = [self.model.pool.read(layer, locs) for layer in range(len(self.model.pool.layers))]
-        rows = [(k.latent, k.index_k.view(torch.uint8), k.index_k_scale) for k in kv]
+        rows = [t for k in kv for t in (k.latent, k.index_k.view(torch.uint8), k.index_k_scale)]
         return RequestReport(
             attempt.rid,
             True,
             history,
             len(scheduler.page_table(attempt.key)),
-            tensor_bytes(rows),
-            tensor_bytes(self.decoded[attempt.rid]),
+            tuple(to_data(t) for t in rows),
+            tuple(to_data(t) for t in self.decoded[attempt.rid]),
         )
 
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from cpkv_core.pd.pack import row_bytes, row_views
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece, Verdict
 from cpkv_core.pd.transport import LOOPBACK, Transport
+from cpkv_core.pd.wire import call
 from cpkv_core.pd.writer import Outgoing, PieceWriter, WriteStats
 from cpkv_core.planning import KvLayout, ScheduledBatch, ScheduledRequest
 from cpkv_core.planning.pd_pack import (
@@ -149,11 +150,6 @@ class _Attempt:
     """This rank's write failed and it sent ``Fail``."""
 
 
-def _call(conn: Connection, message: object) -> object:
-    conn.send(message)
-    return conn.recv()
-
-
 class PdSender:
     """One rank's PD sender for one run of a trace.
 
@@ -242,7 +238,7 @@ class PdSender:
         final = self.final_seq_lens[req.rid]
         next_token = token_ids(req.rid_key, final, self.engine.cfg.vocab_size)
         alloc = Alloc(self._remote(req.rid), number, final, next_token, self.engine.deploy.cp_size)
-        reply = _call(self._connection(), alloc)
+        reply = call(self._connection(), alloc)
         state = _Attempt(number, reply if isinstance(reply, AllocReply) else None)
         if state.reply is None:
             self._error(req.rid, number, f"decode refused pages: {reply}")
@@ -305,7 +301,7 @@ class PdSender:
             state = self.attempts[rid]
             if not state.failed:
                 state.failed = True
-                _call(self._connection(), Fail(self._remote(rid), state.number, self.rank, reason))
+                call(self._connection(), Fail(self._remote(rid), state.number, self.rank, reason))
 
     def _report(self, rid: str, state: _Attempt) -> None:
         """Reports every piece of the attempt (unless refused, failed or stalled)."""
@@ -316,7 +312,7 @@ class PdSender:
         done = Done(
             self._remote(rid), state.number, self.rank, tuple(state.pieces), state.bytes_sent
         )
-        _call(self._connection(), done)
+        call(self._connection(), done)
 
     def finish(self) -> list[SendResult]:
         """Awaits every request's verdict, retries failed ones, releases acknowledged pages."""
@@ -332,7 +328,7 @@ class PdSender:
                     for rid in todo:
                         self._resend(rid, number)
                 for rid in todo:
-                    verdict = _call(self._connection(), Await(self._remote(rid), number, self.rank))
+                    verdict = call(self._connection(), Await(self._remote(rid), number, self.rank))
                     assert isinstance(verdict, Verdict), verdict
                     if verdict.ready:
                         self.engine.forget(rid)  # page reuse waits for the ack

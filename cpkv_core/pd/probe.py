@@ -21,6 +21,7 @@ import torch
 from cpkv_core.pd.prefill import PdTarget, process_transport
 from cpkv_core.pd.protocol import Probe, ProbeEnd, ProbeReply
 from cpkv_core.pd.transport import Transport, Write
+from cpkv_core.pd.wire import call
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +53,12 @@ def _probe_write(target: PdTarget, nbytes: int) -> Iterator[tuple[str, Write]]:
     transport.register([source])
     try:
         with Client(target.address, authkey=target.authkey) as conn:
-            conn.send(Probe(nbytes))
-            reply = conn.recv()
+            reply = call(conn, Probe(nbytes))
             assert isinstance(reply, ProbeReply), reply
             try:
                 yield reply.session, Write(source.data_ptr(), reply.address, nbytes)
             finally:
-                conn.send(ProbeEnd(reply.address))
-                conn.recv()
+                call(conn, ProbeEnd(reply.address))
     finally:
         transport.unregister(source)
 

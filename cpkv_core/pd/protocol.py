@@ -1,8 +1,10 @@
-"""PD control messages: small, picklable, sent over a control channel to the decode host.
+"""PD control messages: plain data (str, int, bool, bytes, tuples of them and of the nested
+``Piece``, ``RequestReport`` and ``TensorData``), sent over a control channel to the decode host.
 
-KV bytes never travel here; they go through the transfer engine into registered memory.
-The channel is ``multiprocessing.connection`` over TCP (``--pd-host``) with an auth key: a real
-socket, in the standard library, carrying one pickled message per call.
+KV bytes of a transfer never travel here; they go through the transfer engine into registered
+memory. The channel is ``multiprocessing.connection`` over TCP (``--pd-host``) with an auth key
+that authenticates the peer; each message travels as one typed JSON frame (``pd/wire.py``),
+never as a pickle, so a frame is data only.
 """
 
 from __future__ import annotations
@@ -107,6 +109,18 @@ class Report:
 
 
 @dataclass(frozen=True, slots=True)
+class TensorData:
+    """A tensor as plain data: its dtype's name, its shape and its bytes (C order, the
+    hosts' native byte order, little-endian on every supported platform)."""
+
+    dtype: str
+    """``torch`` dtype name without the ``torch.`` prefix, e.g. ``"bfloat16"``."""
+    shape: tuple[int, ...]
+    data: bytes
+    """``prod(shape) * itemsize`` bytes."""
+
+
+@dataclass(frozen=True, slots=True)
 class RequestReport:
     """One request on the decode side."""
 
@@ -115,10 +129,11 @@ class RequestReport:
     error: str
     pages: int
     """Pages the request holds on the decode side (0 once a failed attempt is released)."""
-    kv: bytes = b""
-    """``torch.save`` of the rebuilt rows per layer (latent, index K, scale) by position."""
-    decode: bytes = b""
-    """``torch.save`` of the decode step's (last hidden, logits)."""
+    kv: tuple[TensorData, ...] = ()
+    """The rebuilt rows by position, three per layer, layer by layer: latent, index K (as
+    uint8), scale; empty unless ready."""
+    decode: tuple[TensorData, ...] = ()
+    """The decode step's (last hidden, logits); empty unless ready."""
 
 
 @dataclass(frozen=True, slots=True)
