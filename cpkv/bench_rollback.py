@@ -47,7 +47,8 @@ class RankSample:
     save_seconds: float
     """Median of the timed saves."""
     batch_seconds: float
-    """The batch's own run (``RankBatchOutput.seconds``: plan, save, run step, commit)."""
+    """The batch's own run (``run_batch``: plan, save, run step, commit; on CUDA until the
+    device is done)."""
 
 
 def _sync(device: torch.device) -> None:
@@ -67,9 +68,13 @@ def _time_batch(engine: CPEngine, step: LoopStep, rounds: int) -> RankSample:
         saved = engine.pool.save_rows(tensors.write_dest)
         _sync(engine.device)
         samples.append(time.perf_counter() - start)
-    out = engine.run_batch(step.scheduled, step.decision.plan)
+    engine.comm.barrier()
+    start = time.perf_counter()
+    engine.run_batch(step.scheduled, step.decision.plan)
+    _sync(engine.device)
+    batch_seconds = time.perf_counter() - start
     save = statistics.median(samples[WARMUP:])
-    return RankSample(int(saved.rows.numel()), saved.nbytes, save, out.seconds)
+    return RankSample(int(saved.rows.numel()), saved.nbytes, save, batch_seconds)
 
 
 def _measure_level(
