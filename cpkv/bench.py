@@ -40,6 +40,7 @@ from cpkv.bench_kv import (
 from cpkv.bench_overlap import OverlapFigure, overlap_figure
 from cpkv.bench_pd import PdFigure, bench_pd
 from cpkv.bench_peer_read import PeerReadBatch, materialize_jobs, peer_read_figure
+from cpkv.bench_rollback import RollbackFigure, rollback_figure
 from cpkv.loop import HostLoop
 from cpkv.runner import Backend, RankJob, run_jobs_on_gloo, run_levels
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
@@ -198,6 +199,7 @@ class BenchReport:
     warnings: list[str]
     peer_read: list[PeerReadBatch]
     overlap: OverlapFigure
+    rollback: RollbackFigure
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of ``cpkv bench --json``."""
@@ -241,6 +243,7 @@ class BenchReport:
                 "batches": [row.to_json() for row in self.peer_read],
             },
             "overlap": self.overlap.to_json(),
+            "rollback": self.rollback.to_json(),
         }
 
 
@@ -273,6 +276,8 @@ def run_bench(
     share = bench_kv_share(model, batches, deploy.page_size, (2, 4, 8))
     step("slot vs unique remap")
     remaps = bench_remaps(model, repeats=max(5, 5 * repeats))
+    step(f"rollback save copy vs batch time, levels 0/2/5, {deploy.cp_size} in-process ranks")
+    rollback = rollback_figure(model, deploy, batches, repeats, device=device)
     min_tokens = default_min_tokens(batches) if cp_min_tokens is None else cp_min_tokens
     step(f"CP off: bytes of batches below {min_tokens} tokens, CP on vs off")
     off_bytes = cp_off_bytes(model, deploy, batches, min_tokens, device=device)
@@ -310,4 +315,5 @@ def run_bench(
         warnings=list(warnings),
         peer_read=peer_read_figure(model, view_runs, deploy),
         overlap=overlap_figure(view_runs, deploy.cp_size),
+        rollback=rollback,
     )

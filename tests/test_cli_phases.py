@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 from cpkv.bench_cp_off import CP_OFF_SIZES
 from cpkv.cli import app
 from cpkv.runner import final_seq_lens
+from cpkv_core.config import IndexKDtype
 from cpkv_core.traces import load_trace
 from tests.conftest import DATA
+from tests.test_bench_rollback import row_bytes
 
 runner = CliRunner()
 NARROW_TRACE = str(DATA / "narrow.jsonl")
@@ -202,6 +204,17 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
     for mode in ("without_prefetch", "with_prefetch"):
         assert overlap[mode]["step_seconds"] > overlap[mode]["exposed_seconds"] > 0
     assert overlap["exposed_ratio"] > 0
+    rollback = doc["rollback"]
+    assert rollback["row_bytes"] == row_bytes(IndexKDtype.FP8_E4M3)
+    assert [lv["level"] for lv in rollback["levels"]] == [0, 2, 5]
+    for level in rollback["levels"]:
+        assert [row["tokens"] for row in level["batches"]] == [b.num_tokens for b in batches]
+        for row in level["batches"]:  # replicated: each rank saves every row; else its own
+            copies = rollback["cp_size"] if level["level"] == 0 else 1
+            assert sum(row["saved_bytes_by_rank"]) == copies * row["tokens"] * rollback["row_bytes"]
+            assert 0 < row["save_over_step"] < 1
+    assert isinstance(rollback["save_over_step"], float) and rollback["save_over_step"] > 0
+    assert rollback["saved_bytes_per_batch"] > 0
 
 
 def test_explain_chooses_phase_5_for_long_requests_and_explains_the_rest() -> None:

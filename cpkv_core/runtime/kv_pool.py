@@ -38,6 +38,15 @@ class SavedRows:
     layers: tuple[KVRows, ...]
     """Per layer, the rows' values (``[n, ...]``)."""
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the save copied: every layer's saved tensors, as stored."""
+        return sum(
+            t.numel() * t.element_size()
+            for layer in self.layers
+            for t in (layer.latent, layer.index_k, layer.index_k_scale)
+        )
+
 
 def index_k_torch_dtype(dtype: IndexKDtype) -> torch.dtype:
     """The torch dtype that stores index K for ``dtype``."""
