@@ -54,6 +54,9 @@ class WriteStats:
     exposed_seconds: float = 0.0
     """Time the calling (prefill) thread spent in the send path: packing, waiting for a free
     staging buffer and the final drain. With overlap off it equals ``seconds``."""
+    drain_seconds: float = 0.0
+    """The part of ``exposed_seconds`` spent waiting for the writer thread to drain (in
+    ``finish``: the trace's last write has no batch after it to hide behind)."""
     bytes: int = 0
     """Bytes that landed."""
     spans: list[tuple[float, float]] = field(default_factory=list)
@@ -197,6 +200,7 @@ class PieceWriter:
             self._jobs.join()
             with self._stats_lock:
                 self.stats.exposed_seconds += time.perf_counter() - began
+                self.stats.drain_seconds += time.perf_counter() - began
         self._raise()
 
     def close(self) -> None:
