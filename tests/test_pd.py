@@ -334,8 +334,11 @@ class _FakeTransport:
         self.gates: dict[int, threading.Event] = {}
         self.written: list[int] = []
         self.events: list[str] = []
+        self.entered = threading.Event()
+        """Set once a write started."""
 
     def write(self, session: str, writes: Sequence[Write]) -> None:
+        self.entered.set()
         for w in writes:
             if w.dst in self.gates:
                 assert self.gates[w.dst].wait(10), f"gate of {w.dst} never opened"
@@ -385,7 +388,7 @@ def test_a_flush_returns_before_its_write_lands_and_done_follows_the_write() -> 
     writer, _ = _writer(transport)
     writer.add(_piece("a", 100, [0, 1, 2]))
     writer.flush(0, finals=("a",))
-    assert transport.events == []  # flush returned; the write is still held
+    assert transport.entered.wait(10) and transport.events == []  # the write is held
     time.sleep(0.2)
     transport.gates[100].set()
     writer.close()
