@@ -183,7 +183,10 @@ class PieceWriter:
                 pack_rows(self.views, torch.from_numpy(out.rows), block)
                 writes.append(Write(block.data_ptr(), out.dst, nbytes))
                 offset += nbytes
-            self._count(time.perf_counter() - packing, exposed=True)
+            packed = time.perf_counter() - packing
+            with self._stats_lock:
+                self.stats.seconds += packed
+                self.stats.exposed_seconds += packed
             self._submit(_Job(batch, index, tuple(group), tuple(writes)))
         self.pending.clear()
         if finals:
@@ -198,9 +201,10 @@ class PieceWriter:
         if self._thread is not None:
             began = time.perf_counter()
             self._jobs.join()
+            waited = time.perf_counter() - began
             with self._stats_lock:
-                self.stats.exposed_seconds += time.perf_counter() - began
-                self.stats.drain_seconds += time.perf_counter() - began
+                self.stats.exposed_seconds += waited
+                self.stats.drain_seconds += waited
         self._raise()
 
     def close(self) -> None:
@@ -215,12 +219,6 @@ class PieceWriter:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-
-    def _count(self, seconds: float, exposed: bool) -> None:
-        with self._stats_lock:
-            self.stats.seconds += seconds
-            if exposed:
-                self.stats.exposed_seconds += seconds
 
     def _submit(self, job: _Job) -> None:
         if not self.overlap:
