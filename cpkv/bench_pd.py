@@ -48,6 +48,9 @@ class PdBytes:
     bytes_by_rank: tuple[int, ...]
     send_seconds_by_rank: tuple[float, ...]
     """Each rank's summed packing and write time."""
+    exposed_seconds_by_rank: tuple[float, ...]
+    """The part of it each rank's prefill loop waited for (``WriteStats.exposed_seconds``:
+    packing, waiting for a free staging buffer, the final drain)."""
     write_calls_by_rank: tuple[int, ...]
     """``batch_transfer_sync_write`` calls each rank made."""
     group_seconds: float
@@ -165,6 +168,15 @@ class PdFigure:
         )
 
     @property
+    def exposed_fraction(self) -> float:
+        """Median over levels of all ranks' exposed time over their summed send time: the
+        share of the send path the prefill loops waited for (1.0 with overlap off)."""
+        return statistics.median(
+            sum(row.exposed_seconds_by_rank) / max(1e-9, sum(row.send_seconds_by_rank))
+            for row in self.levels
+        )
+
+    @property
     def of_ceiling(self) -> float:
         """The send path's share of the ceiling: ``throughput_ratio / ceiling_ratio``."""
         return self.throughput_ratio / self.ceiling_ratio
@@ -196,6 +208,7 @@ class PdFigure:
             "ceiling_ratio": self.ceiling_ratio,
             "group_ceiling_ratio": self.group_ceiling_ratio,
             "of_ceiling": self.of_ceiling,
+            "exposed_fraction": self.exposed_fraction,
         }
 
 
@@ -234,16 +247,17 @@ def bench_pd(
     deploy: DeploymentConfig,
     batches: Sequence[BatchSpec],
     levels: Sequence[int],
+    overlap: bool = True,
 ) -> PdFigure:
     """Prefills ``batches`` at ``levels`` on ``pd_model(model)``, streaming every request to
     one decode process; after each level, rank 0 times one write of that level's KV bytes to
     the same server, then every rank writes its share in one call at once.
 
     A first run at ``levels[0]`` is a warm-up (it opens the transfer sessions) and is not
-    counted.
+    counted. ``overlap`` False makes the ranks write synchronously (``PdJob.overlap``).
     """
     measured = pd_model(model)
-    job = PdJob(deploy, tuple(batches), (levels[0], *levels), probe=True)
+    job = PdJob(deploy, tuple(batches), (levels[0], *levels), probe=True, overlap=overlap)
     (report,), (runs,) = run_pd(measured, [job])
     if not report.ok:
         raise RuntimeError(f"PD transfer failed in the bench: {report.errors or report.requests}")
@@ -258,6 +272,7 @@ def bench_pd(
                 level,
                 tuple(sum(s.bytes_sent for s in results) for results in run.pd),
                 tuple(stats.seconds for stats in run.pd_stats),
+                tuple(stats.exposed_seconds for stats in run.pd_stats),
                 tuple(stats.calls for stats in run.pd_stats),
                 union_seconds([span for stats in run.pd_stats for span in stats.spans]),
                 probe.nbytes,

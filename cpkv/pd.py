@@ -307,6 +307,8 @@ class PdJob:
     """Queued bytes that make a prefill rank write before a request's final chunk."""
     probe: bool = False
     """After each level, rank 0 times one large write of the level's KV bytes (bench)."""
+    overlap: bool = True
+    """Prefill ranks write on a writer thread while they compute; False: synchronously."""
     batch_timeout_s: float = 60.0
     """Seconds a prefill batch's collective waits for a stalled rank."""
 
@@ -367,6 +369,7 @@ def run_pd(
                     job.min_write_bytes,
                     job.probe,
                     hosts.prefill,
+                    job.overlap,
                 ),
             )
             for index, job in enumerate(jobs)

@@ -173,6 +173,8 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
         assert 0 <= row["concurrent_write_bytes"] - row["large_write_bytes"] < 4
         assert row["concurrent_mib_per_second"] > 0 and row["concurrent_group_mib_per_second"] > 0
     assert pd["ceiling_ratio"] > 0 and pd["group_ceiling_ratio"] > 0 and pd["of_ceiling"] > 0
+    assert pd["exposed_fraction"] > 0
+    assert all(row["exposed_seconds_by_rank"] for row in pd["levels"])
     level5 = [row for row in doc["write_path"] if row["level"] == 5 and row["phase"] == 5]
     assert level5 and all(row["write_path_bytes"] == 0 for row in level5)
     assert doc["step_time"]["levels"][0]["ratio_to_level0"] == 1.0

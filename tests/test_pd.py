@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from cpkv_core.pd.pack import pack_rows
 from cpkv_core.pd.prefill import MIN_WRITE_BYTES, STAGING_BYTES, PdFaults
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece
 from cpkv_core.pd.receive import tiling_error, unpack_pieces
+from cpkv_core.pd.transport import TransferError, Write
+from cpkv_core.pd.writer import Outgoing, PieceWriter
 from cpkv_core.planning.pd_pack import (
     completed_pages,
     rank_pieces,
@@ -41,6 +44,7 @@ def pd_job(
     page_size: int = 4,
     staging_bytes: int = STAGING_BYTES,
     min_write_bytes: int = MIN_WRITE_BYTES,
+    overlap: bool = True,
 ) -> PdJob:
     deploy = make_deploy(cp_size, page_size)
     batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
@@ -51,6 +55,7 @@ def pd_job(
         ALL,
         staging_bytes=staging_bytes,
         min_write_bytes=min_write_bytes,
+        overlap=overlap,
     )
 
 
@@ -184,18 +189,26 @@ def test_overlapping_pieces_do_not_tile_the_slab() -> None:
 @pytest.mark.gloo
 def test_decode_rebuilds_every_level_byte_for_byte() -> None:
     """Levels 0, 2, 3 (mixed trace) and 4, 5 (long requests) at cp_size 1, 2 and 4: one
-    4-rank prefill spawn, one decode process. cp 1 writes after every batch; cp 2 too, with
+    4-rank prefill spawn, one decode process. cp 1 writes after every batch (on the mixed
+    trace synchronously, overlap off: the rank's wait is all its send time); cp 2 too, with
     a staging buffer of one page (every page a piece of its own); cp 4 queues up to the
-    default bytes, and writes them when some request's final chunk is done."""
+    default bytes, and writes them when some request's final chunk is done. Every other job
+    writes on its ranks' writer threads."""
     page_bytes = kv_bytes_per_page(TINY, make_deploy().index_k_dtype, 4)
     writes = {1: (STAGING_BYTES, 0), 2: (page_bytes, 0), 4: (STAGING_BYTES, MIN_WRITE_BYTES)}
     jobs = []
     for cp_size, (staging, min_write) in writes.items():
         jobs += [
-            pd_job("mixed", cp_size, (0, 2, 3), 4, staging, min_write),
+            pd_job("mixed", cp_size, (0, 2, 3), 4, staging, min_write, overlap=cp_size != 1),
             pd_job("long", cp_size, (4, 5), 4, staging, min_write),
         ]
     reports, runs = run_pd(TINY, jobs)
+    for job, job_runs in zip(jobs, runs, strict=True):
+        for run in job_runs:
+            for stats in run.pd_stats:
+                assert stats.bytes > 0 and stats.calls > 0
+                if not job.overlap:
+                    assert stats.exposed_seconds == stats.seconds
     for job, report in zip(jobs, reports, strict=True):
         assert report.ok, [r for r in report.requests if not r.ok]
         for result in report.requests:
@@ -310,3 +323,133 @@ def test_the_deadline_runs_from_the_first_report_not_from_the_first_chunk() -> N
     finally:
         server.transport.close()
         server.listener.close()
+
+
+class _FakeTransport:
+    """Records every write; holds a write until its destination's gate opens; rejects any
+    write to a bad destination (as the engine does an unregistered address)."""
+
+    def __init__(self, bad: frozenset[int] = frozenset()) -> None:
+        self.bad = bad
+        self.gates: dict[int, threading.Event] = {}
+        self.written: list[int] = []
+        self.events: list[str] = []
+        self.entered = threading.Event()
+        """Set once a write started."""
+
+    def write(self, session: str, writes: Sequence[Write]) -> None:
+        self.entered.set()
+        for w in writes:
+            if w.dst in self.gates:
+                assert self.gates[w.dst].wait(10), f"gate of {w.dst} never opened"
+        if any(w.dst in self.bad for w in writes):
+            raise TransferError(f"write to {session} failed")
+        self.written += [w.dst for w in writes]
+        self.events += [f"wrote {w.dst}" for w in writes]
+
+
+class _FakeSink:
+    """``PdSender``'s side of the contract: marks a request failed when its write failed,
+    skips a failed request's pieces, records what it heard, in order."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+        self.failed: set[str] = set()
+
+    def skip(self, out: Outgoing) -> bool:
+        return out.rid in self.failed
+
+    def written(self, landed: list[Outgoing], failed: dict[str, str], batch: int) -> None:
+        self.events += [f"landed {o.dst}" for o in landed]
+        for rid in failed:
+            self.failed.add(rid)
+            self.events.append(f"fail {rid}")
+
+    def settled(self, rids: tuple[str, ...]) -> None:
+        self.events += [f"done {rid}" for rid in rids if rid not in self.failed]
+
+
+def _writer(transport: _FakeTransport, overlap: bool = True) -> tuple[PieceWriter, _FakeSink]:
+    views = [torch.arange(64, dtype=torch.uint8).view(16, 4), torch.ones(16, 2, dtype=torch.uint8)]
+    staging = [torch.zeros(48, dtype=torch.uint8) for _ in range(2)]  # 8 tokens of 6 bytes
+    sink = _FakeSink(transport.events)
+    return PieceWriter(transport, views, staging, 48, 0, sink, overlap), sink
+
+
+def _piece(rid: str, dst: int, rows: list[int]) -> Outgoing:
+    return Outgoing(rid, np.asarray(rows, dtype=np.int64), dst, "peer:1", Piece(dst, (0,)))
+
+
+def test_a_flush_returns_before_its_write_lands_and_done_follows_the_write() -> None:
+    """Overlap: the rank's thread packs and goes on while the write is in flight; the
+    request is reported only once its bytes landed; the rank waited only for packing."""
+    transport = _FakeTransport()
+    transport.gates[100] = threading.Event()
+    writer, _ = _writer(transport)
+    writer.add(_piece("a", 100, [0, 1, 2]))
+    writer.flush(0, finals=("a",))
+    assert transport.entered.wait(10) and transport.events == []  # the write is held
+    time.sleep(0.2)
+    transport.gates[100].set()
+    writer.close()
+    assert transport.events == ["wrote 100", "landed 100", "done a"]
+    assert writer.stats.seconds >= 0.2 > writer.stats.exposed_seconds
+    assert writer.stats.bytes == 3 * 6 and writer.stats.calls == 1
+
+
+def test_packing_waits_only_while_both_staging_buffers_are_in_flight() -> None:
+    transport = _FakeTransport()
+    for dst in (100, 200, 300):
+        transport.gates[dst] = threading.Event()
+    writer, _ = _writer(transport)
+    for dst in (100, 200):
+        writer.add(_piece("a", dst, [0]))
+        writer.flush(dst)  # two buffers: neither flush waits
+    writer.add(_piece("a", 300, [1]))
+    third = threading.Thread(target=writer.flush, args=(300,))
+    third.start()
+    third.join(0.2)
+    assert third.is_alive()  # packing the third write would overwrite an in-flight buffer
+    transport.gates[100].set()
+    third.join(10)
+    assert not third.is_alive()
+    transport.gates[200].set()
+    transport.gates[300].set()
+    writer.close()
+    assert transport.written == [100, 200, 300]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_no_piece_of_a_request_is_written_after_its_write_failed(overlap: bool) -> None:
+    """The first write of "a" is rejected while a's next piece is already packed behind it:
+    that piece is never written, "b" in the same write is, and "a" is never reported done."""
+    transport = _FakeTransport(bad=frozenset({100}))
+    transport.gates[100] = threading.Event()
+    if not overlap:  # NOTE: writes on this thread: nothing may hold them
+        transport.gates[100].set()
+    writer, sink = _writer(transport, overlap)
+    writer.add(_piece("a", 100, [0, 1]))
+    writer.flush(0)
+    writer.add(_piece("a", 200, [2, 3]))
+    writer.add(_piece("b", 300, [4]))
+    writer.flush(1, finals=("a", "b"))
+    transport.gates[100].set()
+    writer.close()
+    assert sink.failed == {"a"}
+    assert transport.written == [300]
+    assert transport.events == ["fail a", "wrote 300", "landed 300", "done b"]
+
+
+def test_an_unexpected_error_on_the_writer_thread_is_raised_on_the_rank_thread() -> None:
+    transport = _FakeTransport()
+    writer, sink = _writer(transport)
+
+    def boom(rids: tuple[str, ...]) -> None:
+        raise ValueError(f"sink broke on {rids}")
+
+    sink.settled = boom  # type: ignore[method-assign]
+    writer.add(_piece("a", 100, [0]))
+    writer.flush(0, finals=("a",))
+    with pytest.raises(ValueError, match="sink broke on"):
+        writer.drain()
+    writer.close()

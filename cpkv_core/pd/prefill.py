@@ -3,9 +3,11 @@
 Per request: at its first chunk, ask the decode server for pages and a receive slab (every
 rank asks; the answer is the same). After every batch, queue the owned pages that batch
 completed; once enough bytes are queued, or a request's final chunk is written, pack every
-queued piece into this rank's staging buffer (registered once per process, reused) and write
-them in one call (``writer.PieceWriter``); after the final chunk, report the request's
-pieces. Once the trace is done, wait for every verdict.
+queued piece into one of this rank's two staging buffers (registered once per process,
+reused) and hand them to the writer thread, which writes them in one call while the rank
+computes its next batch (``writer.PieceWriter``); once a request's final pieces landed, the
+writer thread reports the request's pieces. Once the trace is done, drain the writes and
+wait for every verdict.
 The rank releases a request's pages only after the decode side acknowledged them (page
 reuse waits for the ack); on a failure it keeps them, reports the error naming the request
 and rank, and may retry: a retry sends the whole request again the same way.
@@ -13,6 +15,8 @@ and rank, and may retry: a retry sends the whole request again the same way.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
@@ -24,7 +28,7 @@ from torch import Tensor
 from cpkv_core.pd.pack import row_bytes, row_views
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece, Verdict
 from cpkv_core.pd.transport import LOOPBACK, Transport
-from cpkv_core.pd.wire import call
+from cpkv_core.pd.wire import Message, call
 from cpkv_core.pd.writer import Outgoing, PieceWriter, WriteStats
 from cpkv_core.planning import KvLayout, ScheduledBatch, ScheduledRequest
 from cpkv_core.planning.pd_pack import (
@@ -77,6 +81,8 @@ class PdTarget:
     local_host: str = LOOPBACK
     """This rank's address as the decode server reaches it (``--pd-local-host``): the
     host its transfer engine's session is named by."""
+    overlap: bool = True
+    """Writes run on a writer thread while the rank computes; False: synchronous, as before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +106,7 @@ AFTER_TRACE = -1
 """``SendResult.write_batches`` of a write sent after the trace (a retry)."""
 
 _transport: Transport | None = None
-_staging: Tensor | None = None
+_staging: tuple[Tensor, ...] = ()
 
 
 def process_transport(host: str = LOOPBACK) -> Transport:
@@ -119,22 +125,34 @@ def process_transport(host: str = LOOPBACK) -> Transport:
     return _transport
 
 
-def process_staging(nbytes: int, host: str = LOOPBACK) -> Tensor:
-    """This process's registered staging buffer of at least ``nbytes`` (registered once,
-    reused by every request and run; replaced only by a larger request)."""
+STAGING_BUFFERS = 2
+"""Staging buffers a rank packs into: one fills while the other's write is in flight."""
+
+
+def process_staging(nbytes: int, host: str = LOOPBACK) -> tuple[Tensor, ...]:
+    """This process's ``STAGING_BUFFERS`` registered staging buffers of at least ``nbytes``
+    each (registered once, reused by every request and run; replaced only by a larger
+    request)."""
     global _staging
-    if _staging is None or _staging.numel() < nbytes:
+    if not _staging or _staging[0].numel() < nbytes:
         transport = process_transport(host)
-        if _staging is not None:
-            transport.unregister(_staging)
-        _staging = torch.empty(nbytes, dtype=torch.uint8)
-        transport.register([_staging])
+        for buffer in _staging:
+            transport.unregister(buffer)
+        _staging = tuple(torch.empty(nbytes, dtype=torch.uint8) for _ in range(STAGING_BUFFERS))
+        transport.register(list(_staging))
     return _staging
 
 
 @dataclass(slots=True)
 class _Attempt:
-    """One rank's side of one attempt of one request."""
+    """One rank's side of one attempt of one request.
+
+    Threads: ``number`` and ``reply`` never change; ``cursor`` and ``sent_upto`` belong to
+    the rank's thread; ``pieces``, ``bytes_sent``, ``write_batches`` and ``failed`` are
+    written only by the writer (the writer thread, or the rank's thread with overlap off),
+    and the rank's thread reads them only after draining the writer (``failed`` also before,
+    as a hint: a stale read only queues pieces the writer then skips).
+    """
 
     number: int
     reply: AllocReply | None
@@ -156,6 +174,12 @@ class PdSender:
     Every rank of the prefill group builds one with the same requests and calls
     ``after_batch`` after every batch and ``finish`` after the trace. Never raises for a
     transfer failure or an unreachable decode server: those become the requests' errors.
+
+    The writer thread runs the writes and what follows them (``skip``, ``written``,
+    ``settled``: record landed pieces, send ``Fail``, send ``Done``), in submission order.
+    It alone marks an attempt failed, and it skips an attempt's pieces once it is failed, so
+    no write of this rank lands in a slab after this rank sent ``Fail`` for it. The control
+    connection is shared by both threads: every round trip holds ``_control``.
     """
 
     def __init__(
@@ -171,23 +195,28 @@ class PdSender:
         self.rank = engine.comm.rank
         self.views = row_views(engine.pool)
         self.token_bytes = sum(row_bytes(self.views))
+        self._began = time.perf_counter()
         self.writer = PieceWriter(
             process_transport(target.local_host),
             self.views,
             process_staging(target.staging_bytes, target.local_host),
             target.staging_bytes,
             target.min_write_bytes,
+            self,
+            target.overlap,
         )
         self.attempts: dict[str, _Attempt] = {}
         self.errors: dict[str, list[str]] = {rid: [] for rid in final_seq_lens}
         self._batch = AFTER_TRACE
         self.broken: str | None = None
-        """Why the decode server became unreachable, once it did."""
+        """Why the decode server became unreachable, once it did (set by either thread)."""
+        self._control = threading.Lock()
+        """Held for every control round trip, and for setting ``broken``."""
         self.conn: Connection | None = None
         try:
             self.conn = Client(target.address, authkey=target.authkey)
         except OSError as exc:
-            self.broken = repr(exc)
+            self._break(exc)
 
     @property
     def total_bytes(self) -> int:
@@ -195,9 +224,10 @@ class PdSender:
         return sum(self.final_seq_lens.values()) * self.token_bytes
 
     def after_batch(self, batch: ScheduledBatch) -> None:
-        """Queues the owned pages each request of ``batch`` completed and writes the queue
-        when a request had its final chunk or enough bytes wait; then reports the finished
-        requests. Call it once the batch's KV is written."""
+        """Queues the owned pages each request of ``batch`` completed and hands the queue to
+        the writer when a request had its final chunk or enough bytes wait (the writer
+        reports the finished requests once their pieces landed). Call it once the batch's
+        KV is written: it packs before it returns, so the next batch may change the pool."""
         self._batch = batch.batch
         if self.broken is not None:
             return
@@ -212,11 +242,9 @@ class PdSender:
                 if final:
                     finals.append(req.rid)
             if finals or self.writer.due:
-                self._flush()
-            for rid in finals:
-                self._report(rid, self.attempts[rid])
+                self.writer.flush(self._batch, tuple(finals))
         except (EOFError, OSError) as exc:
-            self.broken = repr(exc)
+            self._break(exc)
 
     @property
     def stats(self) -> WriteStats:
@@ -238,7 +266,7 @@ class PdSender:
         final = self.final_seq_lens[req.rid]
         next_token = token_ids(req.rid_key, final, self.engine.cfg.vocab_size)
         alloc = Alloc(self._remote(req.rid), number, final, next_token, self.engine.deploy.cp_size)
-        reply = call(self._connection(), alloc)
+        reply = self._call(alloc)
         state = _Attempt(number, reply if isinstance(reply, AllocReply) else None)
         if state.reply is None:
             self._error(req.rid, number, f"decode refused pages: {reply}")
@@ -250,10 +278,18 @@ class PdSender:
         self.attempts[req.rid] = state
         return state
 
-    def _connection(self) -> Connection:
-        if self.conn is None:
-            raise OSError(f"no connection to the decode server: {self.broken}")
-        return self.conn
+    def _call(self, message: Message) -> Message | None:
+        """One control round trip, from either thread."""
+        with self._control:
+            if self.conn is None:
+                raise OSError(f"no connection to the decode server: {self.broken}")
+            return call(self.conn, message)
+
+    def _break(self, exc: BaseException) -> None:
+        """The decode server is unreachable: the first thread to see it says why."""
+        with self._control:
+            if self.broken is None:
+                self.broken = repr(exc)
 
     def _error(self, rid: str, attempt: int, reason: str) -> None:
         self.errors[rid].append(f"request {rid} rank {self.rank} attempt {attempt}: {reason}")
@@ -289,19 +325,36 @@ class PdSender:
             piece = Piece(offset, tuple(positions.tolist()))
             self.writer.add(Outgoing(req.rid, rows, dst, state.reply.session, piece))
 
-    def _flush(self) -> None:
-        """Writes every queued piece; a request whose write failed sends ``Fail``."""
-        landed, failed = self.writer.flush()
+    def skip(self, out: Outgoing) -> bool:
+        """Writer thread: the piece's attempt failed, or the decode server is gone."""
+        return self.broken is not None or self.attempts[out.rid].failed
+
+    def written(self, landed: list[Outgoing], failed: dict[str, str], batch: int) -> None:
+        """Writer thread, after each write: records what landed; a request whose write
+        failed sends ``Fail`` (once), and nothing more of that attempt is written."""
         for out in landed:
             state = self.attempts[out.rid]
             state.pieces.append(out.piece)
             state.bytes_sent += len(out.rows) * self.token_bytes
-            state.write_batches.append(self._batch)
+            state.write_batches.append(batch)
         for rid, reason in failed.items():
             state = self.attempts[rid]
             if not state.failed:
                 state.failed = True
-                call(self._connection(), Fail(self._remote(rid), state.number, self.rank, reason))
+                self._settle(Fail(self._remote(rid), state.number, self.rank, reason))
+
+    def settled(self, rids: tuple[str, ...]) -> None:
+        """Writer thread, once every piece of ``rids`` landed: reports each (``Done``)."""
+        for rid in rids:
+            self._report(rid, self.attempts[rid])
+
+    def _settle(self, message: Message) -> None:
+        if self.broken is not None:
+            return
+        try:
+            self._call(message)
+        except (EOFError, OSError) as exc:
+            self._break(exc)
 
     def _report(self, rid: str, state: _Attempt) -> None:
         """Reports every piece of the attempt (unless refused, failed or stalled)."""
@@ -312,7 +365,7 @@ class PdSender:
         done = Done(
             self._remote(rid), state.number, self.rank, tuple(state.pieces), state.bytes_sent
         )
-        call(self._connection(), done)
+        self._settle(done)
 
     def finish(self) -> list[SendResult]:
         """Awaits every request's verdict, retries failed ones, releases acknowledged pages."""
@@ -320,15 +373,21 @@ class PdSender:
         todo = [rid for rid in self.final_seq_lens if rid in self.attempts]
         try:
             if self.writer.pending and self.broken is None:
-                self._flush()  # NOTE: empty after a whole trace; kept for partial runs
+                self.writer.flush(
+                    self._batch
+                )  # NOTE: empty after a whole trace; kept for partial runs
+            # NOTE: every Done/Fail of this rank goes out before its Await, which tells the
+            # decode side this rank writes nothing more into the attempt.
+            self.writer.drain()
             for number in range(self.target.retries + 1):
                 if self.broken is not None:
                     break
                 if number > 0:
                     for rid in todo:
                         self._resend(rid, number)
+                    self.writer.drain()
                 for rid in todo:
-                    verdict = call(self._connection(), Await(self._remote(rid), number, self.rank))
+                    verdict = self._call(Await(self._remote(rid), number, self.rank))
                     assert isinstance(verdict, Verdict), verdict
                     if verdict.ready:
                         self.engine.forget(rid)  # page reuse waits for the ack
@@ -337,10 +396,12 @@ class PdSender:
                         self._error(rid, number, verdict.reason)
                 todo = [rid for rid in todo if rid not in ready]
         except (EOFError, OSError) as exc:
-            self.broken = repr(exc)
+            self._break(exc)
         finally:
+            self.writer.close()
             if self.conn is not None:
                 self.conn.close()
+            self.stats.loop_seconds = time.perf_counter() - self._began
         return [self._result(rid, rid in ready) for rid in self.final_seq_lens]
 
     def _resend(self, rid: str, number: int) -> None:
@@ -349,8 +410,7 @@ class PdSender:
         self._batch = AFTER_TRACE
         state = self._start(req, number)
         self._queue(req, state, completed_pages(req.seq_len, self._page_size, final=True))
-        self._flush()
-        self._report(rid, state)
+        self.writer.flush(self._batch, (rid,))
 
     def _result(self, rid: str, ready: bool) -> SendResult:
         errors = list(self.errors[rid])

@@ -1,18 +1,24 @@
-"""A prefill rank's writes: pieces packed side by side in one staging buffer, sent in one call.
+"""A prefill rank's writes: pieces packed side by side in a staging buffer, sent in one call
+on a writer thread, while the rank computes its next batch.
 
 Pieces wait until enough bytes are pending (``min_write_bytes``) or a request needs its
-pieces landed (its final chunk, a retry); a flush then packs every pending piece into the
-staging buffer (registered once per process) and sends them in as few
-``batch_transfer_sync_write`` calls as the buffer allows: one call, one entry per piece.
-When a call fails, its pieces are written one by one so the failure is pinned to the
-requests whose writes the engine rejects.
+pieces landed (its final chunk, a retry). A flush packs every pending piece (on the calling
+thread, before the next batch can overwrite or roll back pool rows) into one of two
+registered staging buffers and hands the write to the writer thread, which sends it in one
+``batch_transfer_sync_write`` call (the engine releases the GIL while it runs). Packing
+waits only when both buffers are still in flight. When a call fails, its pieces are
+written one by one so the failure is pinned to the requests whose writes the engine
+rejects. With ``overlap`` off the flush writes on the calling thread, as before.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -21,7 +27,7 @@ from torch import Tensor
 
 from cpkv_core.pd.pack import pack_rows
 from cpkv_core.pd.protocol import Piece
-from cpkv_core.pd.transport import TransferError, Transport, Write
+from cpkv_core.pd.transport import TransferError, Write
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,35 +50,101 @@ class WriteStats:
     calls: int = 0
     """``batch_transfer_sync_write`` calls (a failed call's one-by-one retries included)."""
     seconds: float = 0.0
-    """Packing plus writing, summed."""
+    """Packing plus writing, summed (on whichever thread did them)."""
+    exposed_seconds: float = 0.0
+    """Time the calling (prefill) thread spent in the send path: packing, waiting for a free
+    staging buffer and the final drain. With overlap off it equals ``seconds``."""
+    drain_seconds: float = 0.0
+    """The part of ``exposed_seconds`` spent waiting for the writer thread to drain (in
+    ``finish``: the trace's last write has no batch after it to hide behind)."""
     bytes: int = 0
     """Bytes that landed."""
     spans: list[tuple[float, float]] = field(default_factory=list)
-    """(start, end) ``time.perf_counter`` of every flush: one clock for every process of a
-    host, so the spans of a group's ranks can be merged."""
+    """(start, end) ``time.perf_counter`` of every write call group (one per staging buffer
+    filled): one clock for every process of a host, so the spans of a group's ranks can be
+    merged. Packing is outside them."""
     flush_bytes: list[int] = field(default_factory=list)
-    """Bytes that landed in each flush, in the order of ``spans``."""
+    """Bytes that landed in each write, in the order of ``spans``."""
+    loop_seconds: float = 0.0
+    """The rank's run as its sender saw it: from the sender's creation (first batch) to the
+    end of ``finish`` (every verdict in)."""
+
+
+class Sink(Protocol):
+    """What the writer tells its sender; called on the writer thread, in submission order."""
+
+    def skip(self, out: Outgoing) -> bool:
+        """The piece's attempt failed (or the peer is gone): do not write it."""
+        ...
+
+    def written(self, landed: list[Outgoing], failed: dict[str, str], batch: int) -> None:
+        """One write's outcome: the pieces that landed, why each failed request failed."""
+        ...
+
+    def settled(self, rids: tuple[str, ...]) -> None:
+        """Every piece of ``rids`` flushed so far has been written (or skipped)."""
+        ...
+
+
+class Writes(Protocol):
+    """The transport's write (``transport.Transport``, or a fake in a unit test)."""
+
+    def write(self, session: str, writes: Sequence[Write]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One staging buffer's write (``buffer`` set), or a request's final mark (``finals``)."""
+
+    batch: int
+    buffer: int | None = None
+    group: tuple[Outgoing, ...] = ()
+    writes: tuple[Write, ...] = ()
+    finals: tuple[str, ...] = ()
 
 
 class PieceWriter:
-    """Queues pieces and writes them in large calls; see the module docstring."""
+    """Queues pieces and writes them in large calls; see the module docstring.
+
+    Invariant: jobs run one at a time, in submission order, on one thread (the writer
+    thread, or the caller with overlap off), and ``Sink.skip`` is asked right before each
+    piece is written; so once ``Sink.written`` reported a request failed, no later piece
+    of it is written. A staging buffer is packed only when no write from it is in flight.
+    """
 
     def __init__(
         self,
-        transport: Transport,
+        transport: Writes,
         views: Sequence[Tensor],
-        staging: Tensor,
+        staging: Sequence[Tensor],
         capacity: int,
         min_write_bytes: int,
+        sink: Sink,
+        overlap: bool = True,
     ) -> None:
+        """Args:
+        staging: two registered buffers of at least ``capacity`` bytes (uint8).
+        overlap: write on a writer thread; False: on the caller's thread.
+        """
+        assert all(buf.numel() >= capacity for buf in staging), (len(staging), capacity)
         self.transport = transport
         self.views = views
         self.token_bytes = sum(int(view.shape[1]) for view in views)
-        self.staging = staging
+        self.staging = tuple(staging)
         self.capacity = capacity
         self.min_write_bytes = min_write_bytes
+        self.sink = sink
+        self.overlap = overlap
         self.pending: list[Outgoing] = []
         self.stats = WriteStats()
+        self._stats_lock = threading.Lock()
+        self._free: queue.Queue[int] = queue.Queue()
+        for index in range(len(self.staging)):
+            self._free.put(index)
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        """An unexpected exception the writer thread hit, re-raised on the caller's thread."""
 
     @property
     def pending_bytes(self) -> int:
@@ -89,30 +161,114 @@ class PieceWriter:
         assert len(outgoing.rows) * self.token_bytes <= self.capacity, outgoing.piece
         self.pending.append(outgoing)
 
-    def flush(self) -> tuple[list[Outgoing], dict[str, str]]:
-        """Writes every queued piece.
+    def flush(self, batch: int, finals: tuple[str, ...] = ()) -> None:
+        """Packs every queued piece and hands the writes over; then marks ``finals`` settled
+        once those writes are done. Returns once packed (with overlap off: once written).
 
-        Returns:
-            (the pieces that landed, why each request whose write failed failed).
+        Raises:
+            BaseException: what the writer thread hit since the last flush.
         """
-        landed: list[Outgoing] = []
-        failed: dict[str, str] = {}
-        began = time.perf_counter()
+        self._raise()
         for group in self._groups():
-            ok, errors = self._write_group(group)
-            landed += ok
-            failed.update(errors)
+            began = time.perf_counter()
+            index = self._free.get()  # NOTE: blocks only while both buffers are in flight
+            packing = time.perf_counter()
+            if self.overlap:  # NOTE: off, nothing is ever in flight here: exposed == seconds
+                with self._stats_lock:
+                    self.stats.exposed_seconds += packing - began
+            writes, offset = [], 0
+            for out in group:
+                nbytes = len(out.rows) * self.token_bytes
+                block = self.staging[index][offset : offset + nbytes]
+                pack_rows(self.views, torch.from_numpy(out.rows), block)
+                writes.append(Write(block.data_ptr(), out.dst, nbytes))
+                offset += nbytes
+            packed = time.perf_counter() - packing
+            with self._stats_lock:
+                self.stats.seconds += packed
+                self.stats.exposed_seconds += packed
+            self._submit(_Job(batch, index, tuple(group), tuple(writes)))
         self.pending.clear()
+        if finals:
+            self._submit(_Job(batch, finals=finals))
+
+    def drain(self) -> None:
+        """Waits until every handed-over write is done (counted as exposed time).
+
+        Raises:
+            BaseException: what the writer thread hit.
+        """
+        if self._thread is not None:
+            began = time.perf_counter()
+            self._jobs.join()
+            waited = time.perf_counter() - began
+            with self._stats_lock:
+                self.stats.exposed_seconds += waited
+                self.stats.drain_seconds += waited
+        self._raise()
+
+    def close(self) -> None:
+        """Drains and stops the writer thread (a later flush starts a new one)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _submit(self, job: _Job) -> None:
+        if not self.overlap:
+            self._run(job)
+            self._raise()
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="pd-writer", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self._run(job)
+            self._jobs.task_done()
+        self._jobs.task_done()
+
+    def _run(self, job: _Job) -> None:
+        """One job: write (unless an earlier job failed unexpectedly), free its buffer."""
+        try:
+            if self._error is None:
+                if job.buffer is not None:
+                    self._write_job(job)
+                if job.finals:
+                    self.sink.settled(job.finals)
+        except BaseException as exc:  # NOTE: surfaced on the caller's thread, never lost
+            self._error = exc
+        finally:
+            if job.buffer is not None:
+                self._free.put(job.buffer)
+
+    def _write_job(self, job: _Job) -> None:
+        began = time.perf_counter()
+        pairs = [
+            (o, w) for o, w in zip(job.group, job.writes, strict=True) if not self.sink.skip(o)
+        ]
+        landed, failed = self._write_group(pairs)
         end = time.perf_counter()
-        self.stats.seconds += end - began
-        self.stats.spans.append((began, end))
         nbytes = sum(len(out.rows) for out in landed) * self.token_bytes
-        self.stats.flush_bytes.append(nbytes)
-        self.stats.bytes += nbytes
-        return landed, failed
+        with self._stats_lock:
+            self.stats.seconds += end - began
+            if not self.overlap:
+                self.stats.exposed_seconds += end - began
+            self.stats.spans.append((began, end))
+            self.stats.flush_bytes.append(nbytes)
+            self.stats.bytes += nbytes
+        self.sink.written(landed, failed, job.batch)
 
     def _groups(self) -> list[list[Outgoing]]:
-        """Consecutive pending pieces of one session that fit the staging buffer together."""
+        """Consecutive pending pieces of one session that fit a staging buffer together."""
         groups: list[list[Outgoing]] = []
         used = 0
         for out in self.pending:
@@ -126,25 +282,26 @@ class PieceWriter:
                 used = nbytes
         return groups
 
-    def _write_group(self, group: list[Outgoing]) -> tuple[list[Outgoing], dict[str, str]]:
-        writes, offset = [], 0
-        for out in group:
-            nbytes = len(out.rows) * self.token_bytes
-            block = self.staging[offset : offset + nbytes]
-            pack_rows(self.views, torch.from_numpy(out.rows), block)
-            writes.append(Write(block.data_ptr(), out.dst, nbytes))
-            offset += nbytes
-        session = group[0].session
-        self.stats.calls += 1
+    def _write_group(
+        self, pairs: list[tuple[Outgoing, Write]]
+    ) -> tuple[list[Outgoing], dict[str, str]]:
+        if not pairs:
+            return [], {}
+        session = pairs[0][0].session
+        with self._stats_lock:
+            self.stats.calls += 1
         try:
-            self.transport.write(session, writes)
-            return group, {}
+            self.transport.write(session, [w for _, w in pairs])
+            return [o for o, _ in pairs], {}
         except TransferError:
             pass
         # NOTE: the engine names no piece when a call fails: write them one by one.
         landed, failed = [], {}
-        for out, write in zip(group, writes, strict=True):
-            self.stats.calls += 1
+        for out, write in pairs:
+            if out.rid in failed:
+                continue
+            with self._stats_lock:
+                self.stats.calls += 1
             try:
                 self.transport.write(session, [write])
                 landed.append(out)
