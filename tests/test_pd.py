@@ -17,9 +17,9 @@ from cpkv.pd import PdJob, run_pd
 from cpkv_core.config import model_preset
 from cpkv_core.pd.decode import DecodeServer
 from cpkv_core.pd.pack import pack_rows
-from cpkv_core.pd.prefill import MIN_WRITE_BYTES, STAGING_BYTES, PdFaults
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece
 from cpkv_core.pd.receive import tiling_error, unpack_pieces
+from cpkv_core.pd.target import MIN_WRITE_BYTES, STAGING_BYTES, PdFaults
 from cpkv_core.pd.transport import TransferError, Write
 from cpkv_core.pd.writer import Outgoing, PieceWriter
 from cpkv_core.planning.pd_pack import (

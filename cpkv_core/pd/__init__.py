@@ -4,17 +4,17 @@ Entry points: ``PdSender`` on every prefill rank, ``serve_decode`` in the decode
 """
 
 from cpkv_core.pd.decode import DecodeServer, serve_decode
-from cpkv_core.pd.prefill import (
+from cpkv_core.pd.prefill import PdSender
+from cpkv_core.pd.probe import ConcurrentWrite, LargeWrite, time_baselines
+from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown, TensorData
+from cpkv_core.pd.target import (
     AFTER_TRACE,
     MIN_WRITE_BYTES,
     STAGING_BYTES,
     PdFaults,
-    PdSender,
     PdTarget,
     SendResult,
 )
-from cpkv_core.pd.probe import ConcurrentWrite, LargeWrite, time_baselines
-from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown, TensorData
 from cpkv_core.pd.tensor_data import from_data, to_data
 from cpkv_core.pd.transport import LOOPBACK
 from cpkv_core.pd.wire import Message, WireError, call, decode, encode

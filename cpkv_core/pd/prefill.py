@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from cpkv_core.pd.pack import row_bytes, row_views
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece, Verdict
-from cpkv_core.pd.transport import LOOPBACK, Transport
+from cpkv_core.pd.staging import process_staging, process_transport
+from cpkv_core.pd.target import AFTER_TRACE, BAD_ADDRESS_OFFSET, PdFaults, PdTarget, SendResult
 from cpkv_core.pd.wire import Message, call
 from cpkv_core.pd.writer import Outgoing, PieceWriter, WriteStats
 from cpkv_core.planning import KvLayout, ScheduledBatch, ScheduledRequest
@@ -39,108 +38,6 @@ from cpkv_core.planning.pd_pack import (
 )
 from cpkv_core.planning.tokens import token_ids
 from cpkv_core.runtime.engine import CPEngine
-
-BAD_ADDRESS_OFFSET = 1 << 40
-"""Fault injection: added to destination addresses to make the engine reject a write."""
-
-STAGING_BYTES = 64 << 20
-"""Default bound of one write call: the staging buffer a rank packs pieces into."""
-
-MIN_WRITE_BYTES = 4 << 20
-"""Default bytes a rank queues before it writes (a request's final chunk writes at once)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PdFaults:
-    """Fault injection for tests and drills; applies to a request's first attempt only."""
-
-    fail: tuple[str, int] | None = None
-    """(rid, rank): that rank writes to an unregistered address, so the transfer fails."""
-    stall: tuple[str, int] | None = None
-    """(rid, rank): that rank writes but never reports, so the decode side times out."""
-
-
-@dataclass(frozen=True, slots=True)
-class PdTarget:
-    """Where and how a prefill group sends its requests."""
-
-    address: tuple[str, int]
-    authkey: bytes
-    rid_prefix: str = ""
-    """Prepended to rids on the decode side (several runs can share one decode server)."""
-    retries: int = 0
-    """Attempts after a failed one."""
-    faults: PdFaults = field(default_factory=PdFaults)
-    staging_bytes: int = STAGING_BYTES
-    """Bytes of one write call at most (at least one page of every layer)."""
-    min_write_bytes: int = MIN_WRITE_BYTES
-    """Queued bytes that trigger a write before any request's final chunk (0: write after
-    every batch)."""
-    probe: bool = False
-    """After the trace, rank 0 times one large write of the trace's KV bytes (bench)."""
-    local_host: str = LOOPBACK
-    """This rank's address as the decode server reaches it (``--pd-local-host``): the
-    host its transfer engine's session is named by."""
-    overlap: bool = True
-    """Writes run on a writer thread while the rank computes; False: synchronous, as before."""
-
-
-@dataclass(frozen=True, slots=True)
-class SendResult:
-    """How one request went from one rank."""
-
-    rid: str
-    rank: int
-    ready: bool
-    attempts: int
-    bytes_sent: int
-    released: bool
-    """The rank freed the request's pages (only after the decode side's ack)."""
-    errors: tuple[str, ...]
-    write_batches: tuple[int, ...] = ()
-    """The batch after which each piece of the last attempt was written (``AFTER_TRACE``
-    for a retry's)."""
-
-
-AFTER_TRACE = -1
-"""``SendResult.write_batches`` of a write sent after the trace (a retry)."""
-
-_transport: Transport | None = None
-_staging: tuple[Tensor, ...] = ()
-
-
-def process_transport(host: str = LOOPBACK) -> Transport:
-    """This process's transfer engine on ``host``, started on first use.
-
-    Raises:
-        RuntimeError: the engine already runs on another host (one engine a process).
-    """
-    global _transport
-    if _transport is None:
-        _transport = Transport(host)
-    if not _transport.session.startswith(f"{host}:"):
-        raise RuntimeError(
-            f"this process's transfer engine runs as {_transport.session}, not on {host}"
-        )
-    return _transport
-
-
-STAGING_BUFFERS = 2
-"""Staging buffers a rank packs into: one fills while the other's write is in flight."""
-
-
-def process_staging(nbytes: int, host: str = LOOPBACK) -> tuple[Tensor, ...]:
-    """This process's ``STAGING_BUFFERS`` registered staging buffers of at least ``nbytes``
-    each (registered once, reused by every request and run; replaced only by a larger
-    request)."""
-    global _staging
-    if not _staging or _staging[0].numel() < nbytes:
-        transport = process_transport(host)
-        for buffer in _staging:
-            transport.unregister(buffer)
-        _staging = tuple(torch.empty(nbytes, dtype=torch.uint8) for _ in range(STAGING_BUFFERS))
-        transport.register(list(_staging))
-    return _staging
 
 
 @dataclass(slots=True)

@@ -18,8 +18,9 @@ from multiprocessing.connection import Client
 
 import torch
 
-from cpkv_core.pd.prefill import PdTarget, process_transport
 from cpkv_core.pd.protocol import Probe, ProbeEnd, ProbeReply
+from cpkv_core.pd.staging import process_transport
+from cpkv_core.pd.target import PdTarget
 from cpkv_core.pd.transport import Transport, Write
 from cpkv_core.pd.wire import call
 
