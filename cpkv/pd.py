@@ -306,7 +306,8 @@ class PdJob:
     min_write_bytes: int = MIN_WRITE_BYTES
     """Queued bytes that make a prefill rank write before a request's final chunk."""
     probe: bool = False
-    """After each level, rank 0 times one large write of the level's KV bytes (bench)."""
+    """After each level, the ranks time the bench's baselines: one large write of the level's
+    KV bytes (rank 0) and every rank writing its share at once (``probe.time_baselines``)."""
     overlap: bool = True
     """Prefill ranks write on a writer thread while they compute; False: synchronously."""
     batch_timeout_s: float = 60.0

@@ -44,7 +44,8 @@ class PdTarget:
     """Queued bytes that trigger a write before any request's final chunk (0: write after
     every batch)."""
     probe: bool = False
-    """After the trace, rank 0 times one large write of the trace's KV bytes (bench)."""
+    """After the trace, the ranks time the bench's baselines (``probe.time_baselines``): one
+    large write of the trace's KV bytes by rank 0, and every rank writing its share at once."""
     local_host: str = LOOPBACK
     """This rank's address as the decode server reaches it (``--pd-local-host``): the
     host its transfer engine's session is named by."""
