@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
 from cpkv_core.traces.trace import Trace, load_trace
 
 DATA = Path(__file__).parent / "data"
@@ -35,3 +35,14 @@ def mixed_trace(page_size: int) -> Trace:
 @pytest.fixture
 def mixed_trace_path() -> Path:
     return MIXED_TRACE
+
+
+def tiny_row_bytes(dtype: IndexKDtype) -> int:
+    """One token row of every layer, from the model's widths: fp32 latent, index K (1 byte
+    in fp8, 4 in fp32), fp32 scale."""
+    tiny = model_preset("tiny")
+    index_itemsize = 1 if dtype is IndexKDtype.FP8_E4M3 else 4
+    per_layer = (
+        4 * (tiny.kv_lora_rank + tiny.qk_rope_head_dim) + tiny.index_head_dim * index_itemsize
+    )
+    return (per_layer + 4) * tiny.num_layers

@@ -11,7 +11,7 @@ from cpkv.loop import HostLoop
 from cpkv_core.config import IndexKDtype, model_preset
 from cpkv_core.planning import BatchSpec, RequestSpec, pages_for_trace
 from phases import PhaseId, level_enabled
-from tests.conftest import make_deploy
+from tests.conftest import make_deploy, tiny_row_bytes
 
 TINY = model_preset("tiny")
 BATCHES = (
@@ -19,16 +19,6 @@ BATCHES = (
     BatchSpec(1, (RequestSpec("a", 13, 5), RequestSpec("c", 0, 16))),
 )
 """New requests, then a continuation that resumes in a partly filled page beside a new one."""
-
-
-def row_bytes(dtype: IndexKDtype) -> int:
-    """One token row of every layer, from the model's widths: fp32 latent, index K (1 byte
-    in fp8, 4 in fp32), fp32 scale."""
-    index_itemsize = 1 if dtype is IndexKDtype.FP8_E4M3 else 4
-    per_layer = (
-        4 * (TINY.kv_lora_rank + TINY.qk_rope_head_dim) + TINY.index_head_dim * index_itemsize
-    )
-    return (per_layer + 4) * TINY.num_layers
 
 
 def rows_by_owner(level: int, cp_size: int, page_size: int) -> list[list[int]]:
@@ -57,13 +47,13 @@ def test_saved_bytes_are_the_rows_each_rank_writes(dtype: IndexKDtype) -> None:
     deploy = make_deploy(cp_size=2, page_size=4, index_k_dtype=dtype)
     figure = rollback_figure(TINY, deploy, BATCHES, repeats=1)
     assert figure.levels == list(LEVELS)
-    assert figure.row_bytes == row_bytes(dtype)
+    assert figure.row_bytes == tiny_row_bytes(dtype)
     for level in LEVELS:
         rows = rows_by_owner(level, 2, 4)
         measured = figure.level_rows(level)
         assert [list(r.saved_rows_by_rank) for r in measured] == rows, level
         assert [list(r.saved_bytes_by_rank) for r in measured] == [
-            [n * row_bytes(dtype) for n in per_rank] for per_rank in rows
+            [n * tiny_row_bytes(dtype) for n in per_rank] for per_rank in rows
         ], level
         assert [sum(r) for r in rows] == [
             b.num_tokens if level else b.num_tokens * 2 for b in BATCHES

@@ -13,8 +13,7 @@ from cpkv.cli import app
 from cpkv.runner import final_seq_lens
 from cpkv_core.config import IndexKDtype
 from cpkv_core.traces import load_trace
-from tests.conftest import DATA
-from tests.test_bench_rollback import row_bytes
+from tests.conftest import DATA, tiny_row_bytes
 
 runner = CliRunner()
 NARROW_TRACE = str(DATA / "narrow.jsonl")
@@ -207,7 +206,7 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
         assert overlap[mode]["step_seconds"] > overlap[mode]["exposed_seconds"] > 0
     assert overlap["exposed_ratio"] > 0
     rollback = doc["rollback"]
-    assert rollback["row_bytes"] == row_bytes(IndexKDtype.FP8_E4M3)
+    assert rollback["row_bytes"] == tiny_row_bytes(IndexKDtype.FP8_E4M3)
     assert [lv["level"] for lv in rollback["levels"]] == [0, 2, 5]
     for level in rollback["levels"]:
         assert [row["tokens"] for row in level["batches"]] == [b.num_tokens for b in batches]
