@@ -10,37 +10,40 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from cpkv import docgen, flag_commands, plan_command, trace_command
-from cpkv.batch_tables import (
+from cpkv.bench.suite import run_bench
+from cpkv.commands import docs as docgen
+from cpkv.commands import flags as flag_commands
+from cpkv.commands import plan as plan_command
+from cpkv.commands import trace as trace_command
+from cpkv.commands.options import out_option, print_written
+from cpkv.commands.phases import phase_rows
+from cpkv.commands.verify import verify_on_torchrun
+from cpkv.common.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
+from cpkv.common.devices import Device, check_device
+from cpkv.common.help_text import tidy_help
+from cpkv.common.settings import RunSettings, resolve_run
+from cpkv.render.batches import (
     render_demo,
     render_explain,
     render_explain_batch,
     render_verify_table,
 )
-from cpkv.bench import run_bench
-from cpkv.builtin_trace import demo_trace
-from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
-from cpkv.devices import Device, check_device
-from cpkv.dry_run import dry_run_levels
-from cpkv.explain import explain_trace, parse_killed
-from cpkv.help_text import tidy_help
-from cpkv.launchers import LauncherOpt, dist_backend, refuse_torchrun, torchrun_worker
-from cpkv.out_dir import out_option, print_written
-from cpkv.pd import PdHosts, PdJob, PdReport, run_pd
-from cpkv.phase_table import phase_rows
-from cpkv.progress import with_progress
-from cpkv.report import (
+from cpkv.render.progress import with_progress
+from cpkv.render.reports import (
     render_bench,
     render_dry_run,
     render_explain_summary,
     render_pd,
     render_phases,
 )
-from cpkv.runner import Backend, BatchProgress, RankJob, run_levels
-from cpkv.settings import RunSettings, resolve_run
-from cpkv.shadow_report import FaultOpt, ShadowRateOpt, parse_fault, shadow_summary
-from cpkv.torchrun_verify import verify_on_torchrun
-from cpkv.verify import VerifyReport, verify_job, verify_runs
+from cpkv.run.builtin_trace import demo_trace
+from cpkv.run.dry_run import dry_run_levels
+from cpkv.run.explain import explain_trace, parse_killed
+from cpkv.run.launchers import LauncherOpt, dist_backend, refuse_torchrun, torchrun_worker
+from cpkv.run.pd import PdHosts, PdJob, PdReport, run_pd
+from cpkv.run.runner import Backend, BatchProgress, RankJob, run_levels
+from cpkv.run.shadow import FaultOpt, ShadowRateOpt, parse_fault, shadow_summary
+from cpkv.run.verify import VerifyReport, verify_job, verify_runs
 from cpkv_core.config import (
     CpMode,
     DeploymentConfig,
@@ -578,7 +581,7 @@ def fuzz(
     """Fuzz every input cpkv reads (traces, config files, flag values, --from-sglang strings,
     the forward-batch adapter) with hypothesis. A case passes when it gives a result or a
     clear error (exit 2 with the line or key named). Exit 0 only when no case failed."""
-    from cpkv.fuzz import run_fuzz  # NOTE: loads hypothesis (the dev extra) only here
+    from cpkv.run.fuzz import run_fuzz  # NOTE: loads hypothesis (the dev extra) only here
 
     with bad_input_exits():
         try:

@@ -14,8 +14,8 @@ import argparse
 import json
 import os
 
-from cpkv.bench_pd import bench_pd
-from cpkv.builtin_trace import demo_trace
+from cpkv.bench.pd import bench_pd
+from cpkv.run.builtin_trace import demo_trace
 from cpkv_core.config import DeploymentConfig, model_preset
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from cpkv.loop import HostLoop, LoopStep
+from cpkv.run.loop import HostLoop, LoopStep
 from cpkv_core.config import model_preset
 from cpkv_core.dist import Communicator, run_local
 from cpkv_core.planning import BatchSpec, KvLayout, pages_for_trace

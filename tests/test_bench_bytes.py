@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from cpkv.bench_bytes import bytes_by_batch
-from cpkv.bench_kv import ALL_PHASES
-from cpkv.runner import Backend, RankJob, run_levels
+from cpkv.bench.bytes import bytes_by_batch
+from cpkv.bench.kv import ALL_PHASES
+from cpkv.run.runner import Backend, RankJob, run_levels
 from cpkv_core.config import model_preset
 from cpkv_core.planning import KvReadStrategy, KvWriteStrategy, pages_for_trace
 from cpkv_core.traces import load_trace

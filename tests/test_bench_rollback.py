@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from cpkv.bench_rollback import LEVELS, rollback_figure
-from cpkv.loop import HostLoop
+from cpkv.bench.rollback import LEVELS, rollback_figure
+from cpkv.run.loop import HostLoop
 from cpkv_core.config import IndexKDtype, model_preset
 from cpkv_core.planning import BatchSpec, RequestSpec, pages_for_trace
 from phases import PhaseId, level_enabled

@@ -12,8 +12,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cpkv.cli import app
-from cpkv.dry_run import DryRunReport, LevelDryRun
-from cpkv.report import render_dry_run
+from cpkv.render.reports import render_dry_run
+from cpkv.run.dry_run import DryRunReport, LevelDryRun
 
 runner = CliRunner()
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cpkv.bench_cp_off import CpOffFigure, CpOffTime, timed_batches
+from cpkv.bench.cp_off import CpOffFigure, CpOffTime, timed_batches
 from cpkv.cli import app
-from cpkv.explain import explain_trace
-from cpkv.runner import Backend
-from cpkv.verify import verify_levels
+from cpkv.run.explain import explain_trace
+from cpkv.run.runner import Backend
+from cpkv.run.verify import verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
 from cpkv_core.planning import (
     BatchSpec,

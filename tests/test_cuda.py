@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpkv.loop import HostLoop
-from cpkv.runner import Backend
-from cpkv.verify import verify_levels
+from cpkv.run.loop import HostLoop
+from cpkv.run.runner import Backend
+from cpkv.run.verify import verify_levels
 from cpkv_core.config import MaterializeMode, model_preset
 from cpkv_core.dist import Communicator, LocalGroup, run_local
 from cpkv_core.planning import (

@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 import cpkv.cli as cli_mod
-import cpkv.pd as pd_mod
+import cpkv.run.pd as pd_mod
 from cpkv.cli import app
-from cpkv.runner import Backend, LevelRun, RankJob
-from cpkv.verify import VerifyReport, verify_levels
+from cpkv.run.runner import Backend, LevelRun, RankJob
+from cpkv.run.verify import VerifyReport, verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import engine as engine_mod

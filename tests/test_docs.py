@@ -25,7 +25,7 @@ import typer
 from typer.testing import CliRunner
 
 from cpkv.cli import app
-from cpkv.docgen import BLOCK, StaleDocs, fill_blocks, render_docs
+from cpkv.commands.docs import BLOCK, StaleDocs, fill_blocks, render_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from cpkv.runner import Backend
-from cpkv.verify import VerifyReport, verify_levels
+from cpkv.run.runner import Backend
+from cpkv.run.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
 from cpkv_core.planning import BatchSpec, Scheduler
 from cpkv_core.runtime import ReferenceModel

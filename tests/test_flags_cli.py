@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cpkv.flag_commands import register
+from cpkv.commands.flags import register
 from flags import FLAG_SPECS
 
 runner = CliRunner()

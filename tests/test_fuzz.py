@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-import cpkv.flag_commands as flag_commands
-import cpkv.fuzz as fuzz_mod
+import cpkv.commands.flags as flag_commands
+import cpkv.run.fuzz as fuzz_mod
 from cpkv.cli import app
-from cpkv.fuzz import run_fuzz
+from cpkv.run.fuzz import run_fuzz
 from flags import ConfigChange, FlagError
 from flags.sglang_batch import batch_from_forward_batch
 

@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from cpkv.cli import app
-from cpkv.help_text import MAX_HELP_CHARS, first_sentence, one_paragraph
+from cpkv.common.help_text import MAX_HELP_CHARS, first_sentence, one_paragraph
 
 runner = CliRunner()
 WIDE = {"COLUMNS": "2000", "TERMINAL_WIDTH": ""}

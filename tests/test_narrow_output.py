@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cpkv.runner import Backend
-from cpkv.verify import verify_levels
+from cpkv.run.runner import Backend
+from cpkv.run.verify import verify_levels
 from cpkv_core.config import CpMode, model_preset
 from cpkv_core.planning.execution import OutputStrategy
 from cpkv_core.planning.split import build_split

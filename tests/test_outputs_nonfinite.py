@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from cpkv.runner import Backend
-from cpkv.verify import verify_levels
+from cpkv.run.runner import Backend
+from cpkv.run.verify import verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.runtime import BatchOutput, RequestOutput, compare_batch, max_abs_diff
 from cpkv_core.runtime import engine as engine_mod

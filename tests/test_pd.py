@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv.pd import PdJob, run_pd
+from cpkv.run.pd import PdJob, run_pd
 from cpkv_core.config import model_preset
 from cpkv_core.pd.decode import DecodeServer
 from cpkv_core.pd.pack import pack_rows

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cpkv.pd import PdHosts, PdJob, run_pd
+from cpkv.run.pd import PdHosts, PdJob, run_pd
 from cpkv_core.config import model_preset
 from cpkv_core.pd.decode import DecodeServer
 from cpkv_core.traces.trace import load_trace

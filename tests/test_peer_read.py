@@ -21,8 +21,8 @@ import torch
 from typer.testing import CliRunner
 
 from cpkv.cli import app
-from cpkv.runner import Backend
-from cpkv.verify import VerifyReport, verify_levels
+from cpkv.run.runner import Backend
+from cpkv.run.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, MaterializeMode, model_preset
 from cpkv_core.planning.ownership import owner_of_page
 from cpkv_core.planning.peer_view import history_entries, peer_view_plan

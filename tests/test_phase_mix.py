@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cpkv.cli import app
-from cpkv.explain import explain_trace
+from cpkv.run.explain import explain_trace
 from cpkv_core.traces.trace import parse_trace_text
 from phases import PhaseId
 from tests.conftest import make_deploy

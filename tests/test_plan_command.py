@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cpkv.capacity import plan_capacity, scratch_tokens
 from cpkv.cli import app
-from cpkv.plan_inputs import PlanInputs
+from cpkv.plan.capacity import plan_capacity, scratch_tokens
+from cpkv.plan.inputs import PlanInputs
 from cpkv_core.config import MaterializeMode, model_preset
 
 runner = CliRunner()

@@ -145,7 +145,7 @@ def test_explain_out_draws_the_phase_of_every_batch_and_counts_reasons(tmp_path:
 
 
 def test_capacity_figure_draws_the_recorded_series() -> None:
-    from cpkv.plan_inputs import PlanInputs
+    from cpkv.plan.inputs import PlanInputs
     from cpkv.plots.capacity import capacity_sweep, plot_capacity
 
     inputs = PlanInputs(model="glm-5", gpu_mem_gib=141.0, cp_size=4, tp_size=8)

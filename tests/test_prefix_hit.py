@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cpkv.runner import Backend
-from cpkv.verify import verify_levels
+from cpkv.run.runner import Backend
+from cpkv.run.verify import verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.traces import load_trace
 from phases.registry import REGISTERED_PHASES

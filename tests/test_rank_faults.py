@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 import cpkv.cli as cli_mod
-import cpkv.pd as pd_mod
+import cpkv.run.pd as pd_mod
 from cpkv.cli import app
-from cpkv.runner import Backend, RankJob, run_levels
-from cpkv.verify import verify_levels
+from cpkv.run.runner import Backend, RankJob, run_levels
+from cpkv.run.verify import verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.planning import ExecutionPlan, ScheduledBatch, pages_for_trace
 from cpkv_core.runtime import RankBatchOutput

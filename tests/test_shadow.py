@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import cpkv.pd as pd_mod
+import cpkv.run.pd as pd_mod
 from cpkv.cli import app
-from cpkv.explain import ReplayedKill, explain_trace, plan_to_json
-from cpkv.loop import sampled
-from cpkv.pd import PdReport
-from cpkv.runner import Backend, RankJob
-from cpkv.shadow_report import FAULT_POINTS, parse_fault, shadow_summary, summarize
-from cpkv.verify import VerifyReport, verify_levels
+from cpkv.run.explain import ReplayedKill, explain_trace, plan_to_json
+from cpkv.run.loop import sampled
+from cpkv.run.pd import PdReport
+from cpkv.run.runner import Backend, RankJob
+from cpkv.run.shadow import FAULT_POINTS, parse_fault, shadow_summary, summarize
+from cpkv.run.verify import VerifyReport, verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.runtime import FAULT_KINDS, Fault
 from cpkv_core.traces import load_trace

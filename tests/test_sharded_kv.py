@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from cpkv.dry_run import MetaGuard
-from cpkv.loop import HostLoop, LoopStep
-from cpkv.runner import Backend, RankJob, run_jobs_on_gloo, run_reference
-from cpkv.verify import verify_levels
+from cpkv.run.dry_run import MetaGuard
+from cpkv.run.loop import HostLoop, LoopStep
+from cpkv.run.runner import Backend, RankJob, run_jobs_on_gloo, run_reference
+from cpkv.run.verify import verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
 from cpkv_core.dist import Communicator, LocalGroup, run_local
 from cpkv_core.planning import (

@@ -8,13 +8,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cpkv.batch_tables import render_demo
 from cpkv.cli import app
-from cpkv.console import NO_TERMINAL_WIDTH, AppConsole
-from cpkv.explain import explain_trace
-from cpkv.runner import Backend
-from cpkv.tables import compact_reasons, short_bytes
-from cpkv.verify import verify_levels
+from cpkv.common.console import NO_TERMINAL_WIDTH, AppConsole
+from cpkv.render.batches import render_demo
+from cpkv.render.cells import compact_reasons, short_bytes
+from cpkv.run.explain import explain_trace
+from cpkv.run.runner import Backend
+from cpkv.run.verify import verify_levels
 from cpkv_core.config import model_preset
 from phases.ids import PhaseId
 from tests.conftest import DATA, make_deploy, mixed_trace

@@ -6,8 +6,8 @@ from typing import Any
 
 from matplotlib.ticker import FuncFormatter
 
-from cpkv.capacity import plan_capacity
-from cpkv.plan_inputs import PlanInputs
+from cpkv.plan.capacity import plan_capacity
+from cpkv.plan.inputs import PlanInputs
 from cpkv.plots.base import Document, Plot, Series, Skip, level_color, new_figure
 
 SWEEP_CP_SIZES = tuple(range(1, 9))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cpkv.plots.base import Document, Plot, PlotFn, Series, Skip, level_color, new_figure
-from cpkv.reason_codes import DISABLED
+from cpkv.run.reason_codes import DISABLED
 
 TOP_PHASE = 5
 """The highest phase; the phase axis runs 0..5."""

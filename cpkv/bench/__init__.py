@@ -1,0 +1,1 @@
+"""The figures of ``cpkv bench``, one module per figure; ``suite.run_bench`` runs them all."""

@@ -1,0 +1,1 @@
+"""One module per CLI command, each with ``register(app)``; commands never import each other."""

@@ -1,0 +1,1 @@
+"""Human output: tables and reports drawn from the report objects; renderers never run ranks."""

@@ -1,0 +1,61 @@
+"""The ``peer_read`` and ``overlap`` tables of ``cpkv bench``: gather vs peer-read per batch,
+and exposed materialization time without and with prefetch, at level 2."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from cpkv.bench.overlap import OverlapFigure
+from cpkv.bench.peer_read import PeerReadBatch
+
+
+def render_peer_read(console: Console, rows: Sequence[PeerReadBatch], cp_size: int) -> None:
+    """One line per batch: history, collective and copied bytes of both modes, time ratio."""
+    table = Table(
+        title=f"level 2 materialization on {cp_size} gloo ranks: gather vs peer-read (rank 0)"
+    )
+    for name in (
+        "batch",
+        "history tok",
+        "collective B gather",
+        "collective B peer",
+        "view gather B gather",
+        "view gather B peer",
+        "copied B gather",
+        "copied B peer",
+        "time gather/peer",
+    ):
+        table.add_column(name, justify="right")
+    for row in rows:
+        gather, peer = row.gather_collective_bytes, row.peer_read_collective_bytes
+        table.add_row(
+            str(row.batch),
+            str(row.history_tokens),
+            f"{sum(gather.values()):,}",
+            f"{sum(peer.values()):,}",
+            f"{gather.get('materialize', 0):,}",
+            f"{peer.get('materialize', 0):,}",
+            f"{row.gather_copied_bytes:,}",
+            f"{row.peer_read_copied_bytes:,}",
+            f"{row.time_ratio:.2f}",
+        )
+    console.print(table)
+
+
+def render_overlap(console: Console, figure: OverlapFigure) -> None:
+    """Exposed materialization and step time of the trace, without and with prefetch."""
+    table = Table(
+        title=f"level 2 gather on {figure.cp_size} gloo ranks, {figure.batches} batches: "
+        "exposed materialization without vs with prefetch (median)"
+    )
+    for name in ("prefetch", "exposed s", "step s"):
+        table.add_column(name, justify="right")
+    for label, exposed, step in zip(
+        ("off", "on"), figure.exposed_seconds, figure.step_seconds, strict=True
+    ):
+        table.add_row(label, f"{exposed:.4f}", f"{step:.4f}")
+    console.print(table)
+    console.print(f"exposed with / without prefetch: {figure.exposed_ratio:.2f}", highlight=False)

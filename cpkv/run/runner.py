@@ -1,0 +1,417 @@
+"""The trace runner: drives a trace through CP ranks (real gloo processes or in-process threads).
+
+Rank 0 runs the host loop (``loop.HostLoop``: schedule, gate) batch by batch and broadcasts
+each step; every rank then plans and runs it. Nothing is planned ahead for the trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+from cpkv.run.batch_commit import rank_state, roll_back
+from cpkv.run.loop import HostLoop, LoopStep
+from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.dist import (
+    Communicator,
+    ProgressEvent,
+    TorchrunGroup,
+    new_group_communicator,
+    report_progress,
+    run_local,
+    spawn_group,
+)
+from cpkv_core.pd import (
+    ConcurrentWrite,
+    LargeWrite,
+    PdSender,
+    PdTarget,
+    SendResult,
+    WriteStats,
+    time_baselines,
+)
+from cpkv_core.planning import BatchSpec, ScheduledBatch
+from cpkv_core.runtime import (
+    BatchOutput,
+    CPEngine,
+    Fault,
+    RankBatchOutput,
+    ReferenceModel,
+    merge_rank_outputs,
+)
+from phases import PhaseId, level_enabled
+
+
+class Backend(StrEnum):
+    """Where CP ranks run."""
+
+    GLOO = "gloo"
+    """One process per rank, a real torch.distributed gloo group."""
+    LOCAL = "local"
+    """One thread per rank in this process, through the same communication interface."""
+
+
+class RankFault(RuntimeError):
+    """A rank failed inside a batch: names the rank, the level and the batch.
+
+    The other ranks stop at their next collective (the group is aborted or torn down);
+    the batch did not commit on this rank: its pool rows are restored and, on rank 0, the
+    scheduler is rolled back (``batch_commit``); ``note`` says so.
+    """
+
+    def __init__(
+        self, rank: int, level: int, batch: int, cause: BaseException, note: str = ""
+    ) -> None:
+        super().__init__(
+            f"rank {rank} failed in batch {batch} (level {level}): {type(cause).__name__}: "
+            f"{cause}" + (f"; {note}" if note else "")
+        )
+        self.rank, self.level, self.batch = rank, level, batch
+
+
+@dataclass(frozen=True, slots=True)
+class RankJob:
+    """Everything a rank needs to run a trace at several levels; picklable."""
+
+    model: ModelConfig
+    deploy: DeploymentConfig
+    batches: tuple[BatchSpec, ...]
+    levels: tuple[int, ...]
+    """Level of each run, in order (a level may repeat: bench rounds)."""
+    num_pages: int
+    enabled: frozenset[PhaseId] = frozenset(PhaseId)
+    """Phases enabled for the deployment; a run at level L hands its gate those <= L."""
+    ceiling: int | None = None
+    debug_checks: bool = False
+    """Run the sharded-KV invariant checks (they synchronise)."""
+    pd: PdTarget | None = None
+    """Stream every request to this decode server (PD) as its pages fill, batch by batch."""
+    device: str = "cpu"
+    """Where weights, pools and run-step tensors live."""
+    shadow_rate: float = 0.0
+    """Share of batches (0..1) shadow-verified, drawn from the batch index and the seed."""
+    shadow_seed: int = 0
+    fault: Fault | None = None
+    """A game-day fault injected into the candidate path it targets (``--inject-fault``)."""
+    exit_at: tuple[int, int] | None = None
+    """Game day for rank faults: ``(rank, batch)`` exits abruptly (no cleanup) before
+    running that batch, as a killed process would."""
+    batch_timeout_s: float = 60.0
+    """Seconds one collective of a batch waits for a stalled rank (``--batch-timeout-s``);
+    then every waiting rank stops and the run names the stalled one. Distinct from the
+    run's whole timeout."""
+    stall_at: tuple[int, int, float] | None = None
+    """Game day for a stalled rank: ``(rank, batch, seconds)`` sleeps that long before
+    running that batch, while the others wait in its first collective."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankRun:
+    """One rank's part of one level: its batch outputs, the loop's steps (rank 0 only) and,
+    with PD, its send results."""
+
+    outputs: list[RankBatchOutput]
+    steps: list[LoopStep]
+    pd: list[SendResult]
+    pd_stats: WriteStats | None = None
+    pd_probe: LargeWrite | None = None
+    pd_concurrent: ConcurrentWrite | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchProgress:
+    """Sent by rank 0 after each batch: level run index and batch index."""
+
+    run: int
+    batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class LevelRun:
+    """One level's run of a trace: the loop's steps, merged outputs and per-rank pieces."""
+
+    level: int
+    steps: tuple[LoopStep, ...]
+    outputs: tuple[BatchOutput, ...]
+    rank_outputs: tuple[tuple[RankBatchOutput, ...], ...]
+    """``rank_outputs[batch][rank]``."""
+    pd: tuple[tuple[SendResult, ...], ...] = ()
+    """``pd[rank]``: how each request went from each rank (PD runs only)."""
+    pd_stats: tuple[WriteStats, ...] = ()
+    """``pd_stats[rank]``: what each rank's PD writes cost (PD runs only)."""
+    pd_probe: LargeWrite | None = None
+    """One large write of the run's KV bytes, timed after it (``PdTarget.probe``)."""
+    pd_concurrent: tuple[ConcurrentWrite, ...] = ()
+    """``pd_concurrent[rank]``: every rank writing its share of the same bytes in one call,
+    at once, timed after the large write (``PdTarget.probe``)."""
+
+
+def request_order(batches: Sequence[BatchSpec]) -> list[str]:
+    """Every rid of a trace, in order of first appearance."""
+    return list(dict.fromkeys(req.rid for batch in batches for req in batch.requests))
+
+
+def final_seq_lens(batches: Sequence[BatchSpec]) -> dict[str, int]:
+    """Every rid of a trace, in order of first appearance, with its tokens after its last
+    chunk (a serving scheduler knows it from the prompt)."""
+    lens = dict.fromkeys(request_order(batches), 0)
+    for batch in batches:
+        lens.update((req.rid, req.seq_len) for req in batch.requests)
+    return lens
+
+
+def _to_host(out: RankBatchOutput) -> RankBatchOutput:
+    return dataclasses.replace(
+        out,
+        local_token_indices=out.local_token_indices.cpu(),
+        topk=out.topk.cpu(),
+        last_hidden=out.last_hidden.cpu(),
+        logits=out.logits.cpu(),
+    )
+
+
+def _run_level(
+    comm: Communicator,
+    job: RankJob,
+    run: int,
+    notify: Callable[[BatchProgress], None] | None,
+) -> RankRun:
+    enabled = level_enabled(job.levels[run], job.enabled)
+    loop = (
+        HostLoop(job.deploy, enabled, job.num_pages, job.ceiling, job.shadow_rate, job.shadow_seed)
+        if comm.rank == 0
+        else None
+    )
+    engine: CPEngine | None = None
+    sender: PdSender | None = None
+    outputs, steps = [], []
+    for batch in job.batches:
+        scheduler = loop.scheduler.state() if job.debug_checks and loop is not None else None
+        step = comm.broadcast_object(loop.step(batch) if loop is not None else None)
+        assert isinstance(step, LoopStep), f"rank {comm.rank} got {type(step)} for a step"
+        if engine is None:
+            # NOTE: the first decision fixes the KV layout (KV at rest cannot change).
+            engine = CPEngine(
+                job.model,
+                job.deploy,
+                comm,
+                job.num_pages,
+                kv_layout=step.decision.plan.kv_layout,
+                debug_checks=job.debug_checks,
+                device=job.device,
+                fault=job.fault,
+            )
+            if job.pd is not None:
+                target = dataclasses.replace(job.pd, rid_prefix=f"{job.pd.rid_prefix}{run}/")
+                sender = PdSender(engine, target, final_seq_lens(job.batches))
+        if job.exit_at == (comm.rank, batch.batch):
+            os._exit(17)
+        if job.stall_at is not None and job.stall_at[:2] == (comm.rank, batch.batch):
+            time.sleep(job.stall_at[2])
+        before = rank_state(engine, scheduler) if job.debug_checks else None
+        try:
+            with torch.no_grad():
+                out = engine.run_batch(step.scheduled, step.decision.plan, step.shadow)
+        except Exception as exc:
+            note = roll_back(engine, loop, batch.batch, before)
+            raise RankFault(comm.rank, job.levels[run], batch.batch, exc, note) from exc
+        if sender is not None:
+            sender.after_batch(step.scheduled)  # PD streams as the KV fills
+        outputs.append(_to_host(out))
+        if loop is not None:
+            # NOTE: every rank reached the same verdict; rank 0's gate acts on it before
+            # the next batch is decided.
+            loop.report(batch.batch, out.shadow)
+            steps.append(step)
+            if notify is not None:
+                notify(BatchProgress(run, batch.batch))
+    sent: list[SendResult] = []
+    probe: LargeWrite | None = None
+    concurrent: ConcurrentWrite | None = None
+    stats: WriteStats | None = None
+    if sender is not None:
+        sent, stats = sender.finish(), sender.stats
+        if sender.target.probe:
+            probe, concurrent = time_baselines(
+                sender.target, sender.total_bytes, comm.rank, comm.world_size, comm.barrier
+            )
+        if loop is not None:
+            for result in sent:
+                if result.released:
+                    loop.scheduler.release(result.rid)
+    if engine is not None:
+        engine.close()
+    return RankRun(outputs, steps, sent, stats, probe, concurrent)
+
+
+def _run_job(
+    comm: Communicator, job: RankJob, notify: Callable[[BatchProgress], None] | None
+) -> list[RankRun]:
+    """One rank's part: a fresh engine and loop per level, every batch in order, then PD if
+    asked; rank 0 notifies progress."""
+    return [_run_level(comm, job, run, notify) for run in range(len(job.levels))]
+
+
+def run_jobs_rank(comm: Communicator, jobs: tuple[RankJob, ...]) -> list[list[RankRun] | None]:
+    """Entry point of a spawned rank: runs every job on a subgroup of the first ``cp_size``
+    ranks with the job's batch timeout, streaming progress to the parent; None where this
+    rank is not in a job's group."""
+    results: list[list[RankRun] | None] = []
+    for job in jobs:
+        # NOTE: the job's own group carries the batch timeout (the default group's is the
+        # whole run's, which the rendezvous of freshly started processes needs).
+        member = new_group_communicator(range(job.deploy.cp_size), job.batch_timeout_s)
+        results.append(_run_job(member, job, report_progress) if member is not None else None)
+    return results
+
+
+def _level_runs(job: RankJob, per_rank: Sequence[list[RankRun]]) -> list[LevelRun]:
+    runs = []
+    for run, level in enumerate(job.levels):
+        by_batch = tuple(
+            tuple(per_rank[rank][run].outputs[i] for rank in range(job.deploy.cp_size))
+            for i in range(len(job.batches))
+        )
+        outputs = tuple(
+            merge_rank_outputs(batch, pieces)
+            for batch, pieces in zip(job.batches, by_batch, strict=True)
+        )
+        pd = tuple(tuple(per_rank[rank][run].pd) for rank in range(job.deploy.cp_size))
+        steps = tuple(per_rank[0][run].steps)
+        stats = tuple(
+            s for rank in range(job.deploy.cp_size) if (s := per_rank[rank][run].pd_stats)
+        )
+        probe = per_rank[0][run].pd_probe
+        concurrent = tuple(
+            c for rank in range(job.deploy.cp_size) if (c := per_rank[rank][run].pd_concurrent)
+        )
+        runs.append(LevelRun(level, steps, outputs, by_batch, pd, stats, probe, concurrent))
+    return runs
+
+
+def _where(jobs: Sequence[RankJob], last: list[BatchProgress]) -> str:
+    """The batch a stopped group was in, from the last batch rank 0 finished (single job)."""
+    if not last:
+        return "before any batch had finished"
+    run, done = last[0].run, last[0].batch
+    numbers = [b.batch for b in jobs[0].batches]
+    if len(jobs) == 1 and done in numbers[:-1]:
+        failed = numbers[numbers.index(done) + 1]
+        return f"in run {run} batch {failed}, after batch {done} had finished"
+    return f"after run {run} batch {done} had finished"
+
+
+def _forward_progress(
+    on_progress: Callable[[BatchProgress], None] | None, last: list[BatchProgress]
+) -> Callable[[object], None]:
+    """A launcher's ``on_progress``: keeps the last batch rank 0 finished, forwards it."""
+
+    def forward(event: object) -> None:
+        if isinstance(event, ProgressEvent):
+            assert isinstance(event.message, BatchProgress), event
+            last[:] = [event.message]
+            if on_progress is not None:
+                on_progress(event.message)
+
+    return forward
+
+
+def _job_runs(
+    jobs: Sequence[RankJob], per_rank: Sequence[list[list[RankRun] | None]]
+) -> list[list[LevelRun]]:
+    """Each job's level runs from every rank's results (``per_rank[rank][job]``)."""
+    runs = []
+    for index, job in enumerate(jobs):
+        pieces = [per_rank[rank][index] for rank in range(job.deploy.cp_size)]
+        runs.append(_level_runs(job, [p for p in pieces if p is not None]))
+    return runs
+
+
+def run_jobs_on_gloo(
+    jobs: Sequence[RankJob],
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    timeout_s: float = 600.0,
+) -> list[list[LevelRun]]:
+    """Runs every job in ONE spawned gloo group sized for the largest job; smaller jobs run
+    on subgroups. Returns each job's level runs."""
+    last: list[BatchProgress] = []
+    forward = _forward_progress(on_progress, last)
+    world_size = max(job.deploy.cp_size for job in jobs)
+    try:
+        per_rank = spawn_group(
+            world_size, run_jobs_rank, (tuple(jobs),), timeout_s=timeout_s, on_progress=forward
+        )
+    except RuntimeError as exc:
+        # NOTE: a rank that died or stalled reports nothing; the batch after the last one
+        # rank 0 finished is the one it was in.
+        raise RuntimeError(f"{exc}\n(the group stopped {_where(jobs, last)})") from exc
+    return _job_runs(jobs, per_rank)
+
+
+def run_jobs_in_group(
+    group: TorchrunGroup,
+    jobs: Sequence[RankJob],
+    on_progress: Callable[[BatchProgress], None] | None = None,
+) -> list[list[LevelRun]] | None:
+    """Runs every job with this process as one rank of a torchrun ``group`` (the same rank
+    body as ``run_jobs_on_gloo``): each job's level runs on rank 0, None on the others.
+
+    Raises:
+        ValueError: the group's world size is not the largest job's CP size.
+    """
+    world_size = max(job.deploy.cp_size for job in jobs)
+    if group.world_size != world_size:
+        raise ValueError(
+            f"torchrun started {group.world_size} ranks (WORLD_SIZE) but the run needs "
+            f"--cp-size {world_size}: make --nnodes x --nproc-per-node equal the CP size"
+        )
+    per_rank = group.run(
+        run_jobs_rank, (tuple(jobs),), on_progress=_forward_progress(on_progress, [])
+    )
+    return None if per_rank is None else _job_runs(jobs, per_rank)
+
+
+def run_levels(
+    job: RankJob,
+    backend: Backend,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    timeout_s: float = 600.0,
+) -> list[LevelRun]:
+    """Runs ``job`` on ``job.deploy.cp_size`` ranks: one ``LevelRun`` per entry of
+    ``job.levels``."""
+    if backend is Backend.GLOO:
+        return run_jobs_on_gloo([job], on_progress, timeout_s)[0]
+    cp_size = job.deploy.cp_size
+    per_rank = run_local(
+        cp_size, lambda comm: _run_job(comm, job, on_progress), min(timeout_s, job.batch_timeout_s)
+    )
+    return _level_runs(job, per_rank)
+
+
+def run_reference(
+    model: ModelConfig, job: RankJob, batches: Sequence[ScheduledBatch]
+) -> list[BatchOutput]:
+    """The oracle's outputs for every scheduled batch of a run (on the job's device)."""
+    reference = ReferenceModel(
+        model, job.num_pages, job.deploy.page_size, job.deploy.index_k_dtype, device=job.device
+    )
+    with torch.no_grad():
+        return [_output_to_host(reference.run_batch(batch)) for batch in batches]
+
+
+def _output_to_host(output: BatchOutput) -> BatchOutput:
+    return dataclasses.replace(
+        output,
+        requests=tuple(
+            dataclasses.replace(
+                r, last_hidden=r.last_hidden.cpu(), logits=r.logits.cpu(), topk=r.topk.cpu()
+            )
+            for r in output.requests
+        ),
+    )

@@ -1,0 +1,214 @@
+"""Shadow verification and game-day faults as the app shows them: options, summary, text.
+
+``--shadow-rate R`` runs a deterministic share of batches twice (the chosen path and its
+fallback) and trips a phase's kill switch on a mismatch; ``--inject-fault PHASE[:KIND]``
+corrupts that phase's candidate path so an operator can watch the guard catch it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from cpkv.common.console import BadInput
+from cpkv_core.runtime import (
+    FAULT_KINDS,
+    SHADOW_TAG,
+    Fault,
+    FaultKind,
+    FaultPoint,
+    RankBatchOutput,
+    ShadowOutcome,
+)
+
+if TYPE_CHECKING:
+    from cpkv.run.runner import LevelRun
+    from cpkv.run.verify import VerifyReport
+
+FAULT_POINTS: dict[int, FaultPoint] = {
+    1: FaultPoint.NARROW_OUTPUT,
+    3: FaultPoint.CURRENT_REUSE,
+    4: FaultPoint.PAGE_ALIGNED_SPLIT,
+    5: FaultPoint.DIRECT_WRITE,
+}
+"""The candidate path each phase's fault corrupts (phase 2 changes KV at rest: no fallback
+runs beside it)."""
+
+ShadowRateOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--shadow-rate",
+        help="Share of batches (0..1) run twice and compared with the fallback path; a "
+        "mismatch serves the fallback and kills the phase (default: the flag, 0).",
+    ),
+]
+FaultOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--inject-fault",
+        metavar="PHASE[:KIND]",
+        help="Game day: corrupt phase 1, 3, 4 or 5's candidate path (KIND row, drop or "
+        "owner) to prove the shadow guard catches it; use with --shadow-rate 1.",
+    ),
+]
+
+
+def parse_fault(text: str | None) -> Fault | None:
+    """``PHASE[:KIND]`` as a ``Fault``; the kind defaults to the phase's first.
+
+    Raises:
+        BadInput: an unknown phase or a kind the phase does not take.
+    """
+    if text is None:
+        return None
+    phase_text, _, kind_text = text.partition(":")
+    phases = ", ".join(map(str, FAULT_POINTS))
+    if not phase_text.strip().isdigit() or int(phase_text) not in FAULT_POINTS:
+        raise BadInput(f"--inject-fault takes PHASE[:KIND] with PHASE in {phases}, got {text!r}")
+    point = FAULT_POINTS[int(phase_text)]
+    kinds = FAULT_KINDS[point]
+    if not kind_text:
+        return Fault(point, kinds[0])
+    if kind_text not in {k.value for k in kinds}:
+        allowed = ", ".join(kinds)
+        raise BadInput(f"--inject-fault {phase_text} takes KIND {allowed}, got {kind_text!r}")
+    return Fault(point, FaultKind(kind_text))
+
+
+def fault_phase(fault: Fault) -> int:
+    """The phase whose candidate path ``fault`` corrupts."""
+    return next(p for p, point in FAULT_POINTS.items() if point is fault.point)
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """A kill switch a shadow mismatch tripped."""
+
+    level: int
+    phase: int
+    batch: int
+    max_abs_diff: float
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowSummary:
+    """What the shadow comparisons of a verify run did."""
+
+    rate: float
+    fault: str | None
+    sampled: int
+    compared: int
+    mismatches: int
+    kills: tuple[Kill, ...]
+    bytes: int
+    seconds: float
+    wrong_outputs_delivered: int
+    """Batches whose delivered outputs differ from the reference."""
+
+    @property
+    def fault_caught(self) -> bool | None:
+        """Whether a mismatch killed the injected fault's phase; None without a fault."""
+        if self.fault is None:
+            return None
+        phase = int(self.fault.split(":")[0])
+        return any(k.phase == phase for k in self.kills)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``shadow`` section of ``cpkv verify --json``."""
+        return {
+            "rate": self.rate,
+            "fault": self.fault,
+            "fault_caught": self.fault_caught,
+            "sampled": self.sampled,
+            "compared": self.compared,
+            "mismatches": self.mismatches,
+            "phases_killed": sorted({k.phase for k in self.kills}),
+            "kills": [
+                {
+                    "level": k.level,
+                    "phase": k.phase,
+                    "batch": k.batch,
+                    "max_abs_diff": None if k.max_abs_diff == float("inf") else k.max_abs_diff,
+                    "what": k.what,
+                }
+                for k in self.kills
+            ],
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 6),
+            "wrong_outputs_delivered": self.wrong_outputs_delivered,
+        }
+
+    def text(self) -> str:
+        """One paragraph for the human reports."""
+        head = (
+            f"shadow: rate {self.rate:g}, {self.sampled} batches sampled, {self.compared} "
+            f"comparisons, {self.mismatches} mismatches, {self.bytes:,} bytes, "
+            f"{self.seconds:.2f} s"
+        )
+        kills = "".join(
+            f"; phase {k.phase} killed at level {k.level} batch {k.batch} ({k.what} differ)"
+            for k in self.kills
+        )
+        tail = f"; {self.wrong_outputs_delivered} wrong outputs delivered"
+        if self.fault is not None:
+            caught = "CAUGHT" if self.fault_caught else "NOT caught"
+            tail += f"; injected fault {self.fault}: {caught}"
+        return head + kills + tail
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowEntry:
+    """One batch of one level as the shadow summary reads it."""
+
+    level: int
+    batch: int
+    outcome: ShadowOutcome | None
+    bytes: int
+
+
+def summarize(
+    rate: float, fault: str | None, entries: Sequence[ShadowEntry], wrong: int
+) -> ShadowSummary:
+    """The shadow figures of ``entries``; ``wrong`` outputs were delivered."""
+    kills = tuple(
+        Kill(e.level, m.phase, e.batch, m.max_abs_diff, m.what)
+        for e in entries
+        if e.outcome is not None
+        for m in e.outcome.mismatches
+    )
+    outcomes = [e.outcome for e in entries if e.outcome is not None]
+    return ShadowSummary(
+        rate=rate,
+        fault=fault,
+        sampled=len(outcomes),
+        compared=sum(len(o.compared) for o in outcomes),
+        mismatches=len(kills),
+        kills=kills,
+        bytes=sum(e.bytes for e in entries),
+        seconds=sum(o.seconds for o in outcomes),
+        wrong_outputs_delivered=wrong,
+    )
+
+
+def shadow_summary(report: VerifyReport) -> ShadowSummary:
+    """The shadow figures of every level of ``report``."""
+    rows = [row for level in report.levels for row in level.rows]
+    entries = [ShadowEntry(r.level, r.batch, r.shadow, r.shadow_bytes) for r in rows]
+    wrong = sum(not row.comparison.ok for row in rows)
+    return summarize(report.shadow_rate, report.fault, entries, wrong)
+
+
+def run_entries(level: int, run: LevelRun) -> list[ShadowEntry]:
+    """The shadow entries of one level's run (rank 0's outcome: every rank agrees)."""
+    return [
+        ShadowEntry(level, step.scheduled.batch, pieces[0].shadow, _shadow_bytes(pieces[0]))
+        for step, pieces in zip(run.steps, run.rank_outputs, strict=True)
+    ]
+
+
+def _shadow_bytes(out: RankBatchOutput) -> int:
+    return out.gathered_bytes.get(SHADOW_TAG, 0)
