@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import cpkv.cli as cli_mod
+import cpkv.commands.shared as shared_mod
 import cpkv.run.pd as pd_mod
 from cpkv.cli import app
 from cpkv.run.runner import Backend, LevelRun, RankJob
@@ -190,8 +190,8 @@ def test_flag_reaches_demo(monkeypatch: pytest.MonkeyPatch) -> None:
         verified.append(job.debug_checks)  # NOTE: the job every rank runs
         return []
 
-    monkeypatch.setattr(cli_mod, "run_levels", verify_spy)
-    monkeypatch.setattr(cli_mod, "verify_runs", lambda job, runs: VerifyReport(()))
+    monkeypatch.setattr(shared_mod, "run_levels", verify_spy)
+    monkeypatch.setattr(shared_mod, "verify_runs", lambda job, runs: VerifyReport(()))
     jobs = spy_pd_jobs(monkeypatch)
     result = runner.invoke(app, ["demo", "--backend", "local", "--cp-size", "2", "--json"])
     assert isinstance(result.exception, Reached), result.output

@@ -19,7 +19,7 @@ runner = CliRunner()
 
 
 def test_bounded_fuzz_run_finds_no_failure() -> None:
-    report = run_fuzz(5.0, seed=1)
+    report = run_fuzz(app, 5.0, seed=1)
     doc = report.to_json()
     assert doc["ok"], doc["targets"]
     assert set(doc["targets"]) == {
@@ -82,7 +82,9 @@ def test_enable_disable_fuzz_reports_a_crash_or_a_half_written_file(
         raise FlagError("disk full")
 
     monkeypatch.setattr(flag_commands, "apply_change", broken)
-    report = run_fuzz(1.5, seed=4, only={"enable-disable"}).to_json()["targets"]["enable-disable"]
+    report = run_fuzz(app, 1.5, seed=4, only={"enable-disable"}).to_json()["targets"][
+        "enable-disable"
+    ]
     assert report["failures"] > 0
     words = "KeyError" if bug == "crash" else "changed the config file"
     assert any(words in e for e in report["examples"]), report["examples"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import cpkv.cli as cli_mod
+import cpkv.commands.shared as shared_mod
 import cpkv.run.pd as pd_mod
 from cpkv.cli import app
 from cpkv.run.runner import Backend, RankJob, run_levels
@@ -121,7 +121,7 @@ def test_batch_timeout_comes_from_env_config_and_option_and_reaches_the_ranks(
         seen.extend(job.batch_timeout_s for job in jobs)
         raise Reached
 
-    monkeypatch.setattr(cli_mod, "run_levels", spy)
+    monkeypatch.setattr(shared_mod, "run_levels", spy)
     monkeypatch.setattr(pd_mod, "run_jobs_on_gloo", gloo)
     verify = ["verify", str(LONG), *RUN, "--backend", "local"]
     assert isinstance(cli_runner.invoke(app, verify).exception, Reached)

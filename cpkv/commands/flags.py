@@ -14,7 +14,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from cpkv.common.console import ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
+from cpkv.commands.options import ConfigOpt, JsonOpt
+from cpkv.common.console import bad_input_exits, emit, err, out
 from flags import (
     FLAG_SPECS,
     Action,

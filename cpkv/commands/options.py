@@ -1,16 +1,231 @@
-"""``--out DIR``: the option of ``bench``, ``plan`` and ``explain``, and what they print."""
+"""The options commands share, each defined once, and :class:`RunOptions`, the typed set a run
+command receives as one object; also ``--out DIR`` and what it prints.
+
+A run command declares the run options it takes by name (:func:`takes_run_options`); typer
+shows each as its own option, and the command gets them as one :class:`RunOptions`, whose
+:meth:`RunOptions.settings` resolves them with the flag sources into the ``RunSettings``
+handed down to the run.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
 
 from cpkv.common.console import err
+from cpkv.common.devices import Device
+from cpkv.common.settings import RunSettings, resolve_run
+from cpkv.run.runner import Backend
+from cpkv.run.shadow import parse_fault
+from cpkv_core.config import CpMode, IndexKDtype, Launcher, MaterializeMode
 
 if TYPE_CHECKING:
     from cpkv.plots import Written
+
+TraceArg = Annotated[Path, typer.Argument(metavar="TRACE", help="Trace file (JSON Lines).")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", help="Config file (else $CPKV_CONFIG, else ./cpkv.toml)."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+PhasesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--phases",
+        metavar="LIST",
+        help="Enabled phases for this run: a list (e.g. 1,2), all or none; default: the flags.",
+    ),
+]
+CpSizeOpt = Annotated[
+    int | None,
+    typer.Option("--cp-size", help="CP ranks; turns CP on for the run. Default: the flags (1)."),
+]
+PageSizeOpt = Annotated[
+    int | None, typer.Option("--page-size", help="Tokens per KV page. Default: the flags (64).")
+]
+CpModeOpt = Annotated[
+    CpMode | None,
+    typer.Option("--cp-mode", help="How current tokens are split. Default: the flags."),
+]
+CpMinTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nsa-prefill-cp-min-tokens",
+        metavar="N",
+        help="Batches with fewer current tokens run unsplit (CP off for them); 0: always "
+        "split. Default: the flags (0).",
+    ),
+]
+MaterializeOpt = Annotated[
+    MaterializeMode | None,
+    typer.Option(
+        "--materialize",
+        help="How sharded reads build their view: gather (a collective) or peer-read (owners' "
+        "pools in shared memory, ranks on one host). Default: the flags (gather).",
+    ),
+]
+PrefetchOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--materialize-prefetch/--no-materialize-prefetch",
+        help="Fetch layer l+1's history view while layer l computes (a second view buffer). "
+        "Default: the flags (off).",
+    ),
+]
+BackendOpt = Annotated[
+    Backend, typer.Option("--backend", help="gloo: one process per rank; local: threads.")
+]
+ModelOpt = Annotated[
+    str, typer.Option("--model", metavar="NAME", help="Model preset (runs need tiny).")
+]
+DeviceOpt = Annotated[
+    Device,
+    typer.Option("--device", help="Where weights, pools and the run step live; meta: a dry run."),
+]
+BatchTimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--batch-timeout-s",
+        metavar="SECONDS",
+        help="Seconds a batch's collective waits for a stalled rank; then the run stops, "
+        "naming the rank and the batch. Default: the flags (60).",
+    ),
+]
+IndexDtypeOpt = Annotated[
+    IndexKDtype, typer.Option("--index-k-dtype", help="Storage dtype of the indexer key cache.")
+]
+ShadowRateOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--shadow-rate",
+        help="Share of batches (0..1) run twice and compared with the fallback path; a "
+        "mismatch serves the fallback and kills the phase (default: the flag, 0).",
+    ),
+]
+FaultOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--inject-fault",
+        metavar="PHASE[:KIND]",
+        help="Game day: corrupt phase 1, 3, 4 or 5's candidate path (KIND row, drop or "
+        "owner) to prove the shadow guard catches it; use with --shadow-rate 1.",
+    ),
+]
+LauncherOpt = Annotated[
+    Launcher | None,
+    typer.Option(
+        "--launcher",
+        help="What starts the CP ranks: spawn (here), torchrun (this process is one rank, "
+        "env:// rendezvous, across machines), auto (torchrun when run under it). Default: "
+        "the flags (auto).",
+    ),
+]
+PdHostOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--pd-host",
+        metavar="HOST",
+        help="Address the decode server listens on and is reached at. Default: the flags "
+        "(127.0.0.1).",
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """Every option of a run command, parsed; one a command does not take keeps its default
+    (None: the flags decide)."""
+
+    phases: PhasesOpt = None
+    config: ConfigOpt = None
+    cp_size: CpSizeOpt = None
+    page_size: PageSizeOpt = None
+    cp_mode: CpModeOpt = None
+    cp_min_tokens: CpMinTokensOpt = None
+    materialize: MaterializeOpt = None
+    materialize_prefetch: PrefetchOpt = None
+    backend: BackendOpt = Backend.GLOO
+    model_name: ModelOpt = "tiny"
+    index_k_dtype: IndexDtypeOpt = IndexKDtype.FP8_E4M3
+    device: DeviceOpt = Device.CPU
+    shadow_rate: ShadowRateOpt = None
+    inject_fault: FaultOpt = None
+    batch_timeout_s: BatchTimeoutOpt = None
+    launcher: LauncherOpt = None
+    pd_host: PdHostOpt = None
+
+    def settings(self) -> RunSettings:
+        """What the run uses: the flag sources (defaults < config < environment) overridden
+        by these options, with the device and the injected fault.
+
+        Raises:
+            ValueError: a malformed config, environment variable, option or phase list.
+            BadInput: a malformed ``--inject-fault``.
+        """
+        settings = resolve_run(
+            self.config,
+            self.phases,
+            self.cp_size,
+            self.page_size,
+            self.cp_mode,
+            self.index_k_dtype,
+            cp_min_tokens=self.cp_min_tokens,
+            shadow_rate=self.shadow_rate,
+            batch_timeout_s=self.batch_timeout_s,
+            launcher=self.launcher,
+            pd_host=self.pd_host,
+            materialize=self.materialize,
+            materialize_prefetch=self.materialize_prefetch,
+        )
+        fault = parse_fault(self.inject_fault)
+        return dataclasses.replace(settings, device=str(self.device), fault=fault)
+
+
+Command = TypeVar("Command", bound=Callable[..., None])
+
+
+def takes_run_options(*names: str) -> Callable[[Command], Command]:
+    """Gives the decorated command the :class:`RunOptions` fields ``names``, in that order,
+    as options of its own where its ``run: RunOptions`` parameter stands; the command is
+    called with them as one ``RunOptions``."""
+    hints = typing.get_type_hints(RunOptions, include_extras=True)
+    defaults = {f.name: f.default for f in dataclasses.fields(RunOptions)}
+    options = [
+        inspect.Parameter(
+            n, inspect.Parameter.KEYWORD_ONLY, default=defaults[n], annotation=hints[n]
+        )
+        for n in names
+    ]
+
+    def decorate(command: Command) -> Command:
+        own = typing.get_type_hints(command, include_extras=True)
+        params = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=own[p.name])
+            for p in inspect.signature(command).parameters.values()
+        ]
+        at = next(i for i, p in enumerate(params) if p.name == "run")
+
+        @functools.wraps(command)
+        def with_options(**values: Any) -> None:
+            run = RunOptions(**{name: values.pop(name) for name in names})
+            command(run=run, **values)
+
+        shown = [*params[:at], *options, *params[at + 1 :]]
+        with_options.__signature__ = inspect.Signature(shown)  # type: ignore[attr-defined]
+        with_options.__annotations__ = {p.name: p.annotation for p in shown}
+        del with_options.__wrapped__  # NOTE: typer and docs read the signature above
+        return typing.cast(Command, with_options)
+
+    return decorate
 
 
 def out_option(writes: str) -> Any:

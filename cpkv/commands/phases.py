@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import typer
+
+from cpkv.commands.options import JsonOpt, RunOptions, takes_run_options
+from cpkv.common.console import bad_input_exits, emit, out
+from cpkv.render.reports import render_phases
 from cpkv_core.config import DeploymentConfig
 from flags import PHASE_FLAGS
 from phases.base import check_startup
@@ -31,3 +36,18 @@ def phase_rows(enabled: frozenset[PhaseId], deploy: DeploymentConfig) -> list[di
             }
         )
     return rows
+
+
+@takes_run_options("config", "cp_size", "page_size", "cp_mode")
+def phases_command(run: RunOptions, as_json: JsonOpt = False) -> None:
+    """The phases: number, name, flag, needs, enabled, available, start-up contract status."""
+    with bad_input_exits():
+        settings = run.settings()
+    rows = phase_rows(settings.enabled, settings.deploy)
+    document = {"deployment": settings.deploy.model_dump(mode="json"), "phases": rows}
+    emit(as_json, document, lambda: render_phases(out, rows))
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``phases`` to ``app``."""
+    app.command("phases")(phases_command)

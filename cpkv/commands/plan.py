@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cpkv.commands.options import out_option, print_written
-from cpkv.common.console import BadInput, JsonOpt, bad_input_exits, emit, out
+from cpkv.commands.options import JsonOpt, out_option, print_written
+from cpkv.common.console import BadInput, bad_input_exits, emit, out
 from cpkv.plan.capacity import plan_capacity
 from cpkv.plan.inputs import PlanInputs
 from cpkv.plan.kv_bytes import parse_kv_cache_dtype

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from cpkv.common.console import BadInput, JsonOpt, bad_input_exits, emit, out
+from cpkv.commands.options import JsonOpt
+from cpkv.common.console import BadInput, bad_input_exits, emit, out
 from cpkv.synth import (
     PRESETS,
     GspShape,
@@ -210,3 +211,8 @@ def _render(document: dict[str, Any]) -> None:
         highlight=False,
         markup=False,
     )
+
+
+def register(main: typer.Typer) -> None:
+    """Adds the ``trace`` group (``cpkv trace synth``) to ``main``."""
+    main.add_typer(app)

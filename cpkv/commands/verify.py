@@ -1,17 +1,71 @@
-"""``cpkv verify`` as one rank that torchrun started: the ranks may span machines."""
+"""``cpkv verify``: run a trace on CP ranks at every level and compare each batch with the
+reference; the ranks are spawned here, or this process is one rank torchrun started and
+the ranks may span machines."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import NoReturn
 
 import typer
 
-from cpkv.common.console import emit
+from cpkv.commands.options import JsonOpt, RunOptions, TraceArg, takes_run_options
+from cpkv.commands.shared import dry_run_exit, run_verify, runnable_model
+from cpkv.common.console import bad_input_exits, emit, out
+from cpkv.common.devices import Device, check_device
+from cpkv.render.batches import render_verify
 from cpkv.render.progress import with_progress
+from cpkv.run.launchers import dist_backend, torchrun_worker
 from cpkv.run.runner import RankJob, run_jobs_in_group
-from cpkv.run.verify import VerifyReport, verify_runs
+from cpkv.run.verify import VerifyReport, verify_job, verify_runs
 from cpkv_core.dist import TorchrunEnv, TorchrunGroup
+from cpkv_core.traces import load_trace
+
+VERIFY_OPTIONS = (
+    "phases",
+    "config",
+    "cp_size",
+    "page_size",
+    "cp_mode",
+    "cp_min_tokens",
+    "materialize",
+    "materialize_prefetch",
+    "backend",
+    "model_name",
+    "index_k_dtype",
+    "device",
+    "shadow_rate",
+    "inject_fault",
+    "batch_timeout_s",
+    "launcher",
+)
+"""The run options of ``cpkv verify``, in the order its help lists them."""
+
+
+@takes_run_options(*VERIFY_OPTIONS)
+def verify_command(trace_path: TraceArg, run: RunOptions, as_json: JsonOpt = False) -> None:
+    """Run TRACE on CP ranks at every level 0..highest enabled phase and compare every batch
+    with the non-CP reference. Exit 0 only when every batch of every level matches. With
+    --device meta, a dry run instead: every level's whole step on shapes alone, naming the
+    first op that needed a value or a tensor on another device."""
+    with bad_input_exits():
+        settings = run.settings()
+        model = runnable_model(run.model_name)
+        trace = load_trace(trace_path, settings.deploy.page_size)
+        check_device(run.device)
+        worker = torchrun_worker(
+            settings.launcher, run.backend, settings.deploy.cp_size, run.device
+        )
+    job = verify_job(model, settings, trace.batches)
+    render = partial(render_verify, out, deploy=settings.deploy)
+    if worker is not None:
+        verify_on_torchrun(worker, job, dist_backend(run.device), as_json, render)
+    if run.device is Device.META:
+        dry_run_exit(settings, trace.batches, as_json)
+    report = run_verify(job, run.backend, not as_json)
+    emit(as_json, report.to_json(), lambda: render(report))
+    raise typer.Exit(0 if report.ok else 1)
 
 
 def verify_on_torchrun(
@@ -52,3 +106,8 @@ def verify_on_torchrun(
             # NOTE: also after a failure on rank 0, so that the others stop waiting.
             code = group.share_exit_code(code if runs is not None else None)
     raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``verify`` to ``app``."""
+    app.command("verify")(verify_command)

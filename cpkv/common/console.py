@@ -7,8 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from pydantic import ValidationError
@@ -39,12 +38,6 @@ class AppConsole(Console):
 
 out = AppConsole(soft_wrap=True)
 err = AppConsole(stderr=True, soft_wrap=True)
-
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", help="Config file (else $CPKV_CONFIG, else ./cpkv.toml)."),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
 class BadInput(Exception):

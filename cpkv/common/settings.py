@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, Launcher, MaterializeMode
+from cpkv_core.runtime import Fault
 from flags import FlagError, ProblemCode, check_flags, resolve_flags
+from phases.gate import levels_of
 from phases.ids import PhaseId, parse_phase_list
 
 VALUE_PROBLEMS = frozenset(
@@ -42,6 +44,22 @@ class RunSettings:
     """Where the PD decode server listens and is reached (``--pd-host``)."""
     pd_local_host: str = "127.0.0.1"
     """What this node's prefill ranks name their Mooncake sessions by (``--pd-local-host``)."""
+    device: str = "cpu"
+    """Where weights, pools, the reference and the run step live (``--device``)."""
+    fault: Fault | None = None
+    """A game-day fault injected into the candidate path it targets (``--inject-fault``)."""
+
+    def levels(self) -> tuple[int, ...]:
+        """Level 0 up to the highest enabled phase, none above the ceiling: what a verify
+        run and a dry run run."""
+        return tuple(
+            lv for lv in levels_of(self.enabled) if self.ceiling is None or lv <= self.ceiling
+        )
+
+    def top_level(self) -> int:
+        """The highest enabled level, capped at the ceiling: what ``cpkv pd`` prefills at."""
+        level = levels_of(self.enabled)[-1]
+        return level if self.ceiling is None else min(level, self.ceiling)
 
 
 def resolve_run(

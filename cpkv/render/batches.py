@@ -19,6 +19,7 @@ from cpkv.render.cells import (
     short_bytes,
 )
 from cpkv.run.explain import ExplainReport
+from cpkv.run.shadow import shadow_summary
 from cpkv.run.verify import VerifyReport
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec
@@ -72,6 +73,20 @@ def render_verify_table(console: Console, report: VerifyReport, deploy: Deployme
     print_legend(console, plans, "full text: --json")
     console.print(BYTES_NOTE, highlight=False)
     print_verdict(console, report)
+
+
+def render_verify(console: Console, report: VerifyReport, deploy: DeploymentConfig) -> None:
+    """``cpkv verify``'s output: the per-batch table, then the shadow summary of a run that
+    shadowed batches or injected a fault."""
+    render_verify_table(console, report, deploy)
+    print_shadow(console, report)
+
+
+def print_shadow(console: Console, report: VerifyReport) -> None:
+    """The shadow summary, when the run shadowed batches or injected a fault."""
+    summary = shadow_summary(report)
+    if summary.rate > 0 or summary.fault is not None:
+        console.print(summary.text(), highlight=False, markup=False)
 
 
 def render_demo(console: Console, report: VerifyReport, deploy: DeploymentConfig) -> None:

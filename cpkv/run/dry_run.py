@@ -25,7 +25,7 @@ from cpkv_core.config import ModelConfig
 from cpkv_core.dist import Communicator, run_local
 from cpkv_core.planning import BatchSpec, pages_for_trace
 from cpkv_core.runtime import CPEngine, expand, upload
-from phases import level_enabled, levels_of
+from phases import level_enabled
 
 _META = torch.device("meta")
 
@@ -157,11 +157,7 @@ def dry_run_levels(
 ) -> DryRunReport:
     """Runs every level 0..highest enabled (up to the ceiling) on ``meta``, each on its own
     in-process group, so a failure at one level does not hide the others."""
-    levels = [
-        lv
-        for lv in levels_of(settings.enabled)
-        if settings.ceiling is None or lv <= settings.ceiling
-    ]
+    levels = settings.levels()
     cp_size = settings.deploy.cp_size
     reports = []
     for level in levels:

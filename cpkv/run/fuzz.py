@@ -184,20 +184,11 @@ def _cli() -> CliRunner:
     return CliRunner()
 
 
-@functools.cache
-def _app() -> typer.Typer:
-    """``cpkv enable`` and ``cpkv disable`` alone: the same command functions and options as
-    the app, without building its other commands on every invoke (typer rebuilds them)."""
-    from cpkv.commands import flags as flag_commands
-
-    app = typer.Typer(add_completion=False)
-    app.command("enable")(flag_commands.enable_command)
-    app.command("disable")(flag_commands.disable_command)
-    return app
-
-
-def _phase_change_case(case: tuple[str, str, list[str], str | None, dict[str, str], bool]) -> None:
-    """Exit 0 (the file then holds the change), 1 (refused, the file unchanged) or 2 (an
+def _phase_change_case(
+    app: typer.Typer, case: tuple[str, str, list[str], str | None, dict[str, str], bool]
+) -> None:
+    """``app`` runs ``cpkv enable|disable`` on the case. Exit 0 (the
+    file then holds the change), 1 (refused, the file unchanged) or 2 (an
     error message, the file unchanged); a traceback or a half-written file is a failure."""
     action, phase, options, text, env, by_env = case
     with tempfile.TemporaryDirectory() as tmp:
@@ -207,7 +198,7 @@ def _phase_change_case(case: tuple[str, str, list[str], str | None, dict[str, st
         before = path.read_bytes() if path.exists() else None
         where = [] if by_env else ["--config", str(path)]
         env = env | {"CPKV_CONFIG": str(path)} if by_env else env
-        result = _cli().invoke(_app(), [action, phase, *options, *where], env=env)
+        result = _cli().invoke(app, [action, phase, *options, *where], env=env)
         after = path.read_bytes() if path.exists() else None
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             raise AssertionError(f"{type(result.exception).__name__}: {result.exception}")
@@ -260,15 +251,21 @@ def _trace_case(case: tuple[str, int]) -> None:
         raise
 
 
-def targets(st: Any) -> dict[str, tuple[Any, Callable[[Any], object]]]:
-    """Each target's strategy and the call under test."""
+def targets(st: Any, app: typer.Typer) -> dict[str, tuple[Any, Callable[[Any], object]]]:
+    """Each target's strategy and the call under test; ``enable-disable`` runs ``app``."""
+    # NOTE: enable and disable alone (the same commands): typer's test runner builds every
+    # command of the app it invokes, on every case.
+    phases_app = typer.Typer(add_completion=False)
+    phases_app.registered_commands += [
+        c for c in app.registered_commands if c.name in ("enable", "disable")
+    ]
     return {
         "trace": (st.tuples(_trace_text(st), st.sampled_from([1, 4, 64])), _trace_case),
         "config": (_toml_text(st), _config_case),
         "flags": (_cli_values(st), _flags_case),
         "from-sglang": (_sglang_args(st), read_sglang),
         "forward-batch": (_forward_batch(st), batch_from_forward_batch),
-        "enable-disable": (_phase_change(st), _phase_change_case),
+        "enable-disable": (_phase_change(st), functools.partial(_phase_change_case, phases_app)),
     }
 
 
@@ -292,9 +289,13 @@ def _case(
 
 
 def run_fuzz(
-    seconds: float, seed: int | None = None, only: Collection[str] | None = None
+    app: typer.Typer,
+    seconds: float,
+    seed: int | None = None,
+    only: Collection[str] | None = None,
 ) -> FuzzReport:
-    """Fuzzes every target (or those named in ``only``) for an equal share of ``seconds``.
+    """Fuzzes every target (or those named in ``only``) for an equal share of ``seconds``;
+    the ``enable-disable`` target runs ``app``'s ``enable`` and ``disable``.
 
     Raises:
         ModuleNotFoundError: hypothesis is not installed (the ``dev`` extra).
@@ -305,7 +306,7 @@ def run_fuzz(
 
     start = time.perf_counter()
     results: dict[str, TargetResult] = {}
-    chosen = {n: t for n, t in targets(st).items() if only is None or n in only}
+    chosen = {n: t for n, t in targets(st, app).items() if only is None or n in only}
     share = seconds / max(len(chosen), 1)
     for name, (strategy, call) in chosen.items():
         result = results[name] = TargetResult()

@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
-
-import typer
 
 from cpkv.common.console import BadInput
 from cpkv.common.devices import Device
 from cpkv.run.runner import Backend
 from cpkv_core.config import Launcher
 from cpkv_core.dist import TorchrunEnv, torchrun_env
-
-LauncherOpt = Annotated[
-    Launcher | None,
-    typer.Option(
-        "--launcher",
-        help="What starts the CP ranks: spawn (here), torchrun (this process is one rank, "
-        "env:// rendezvous, across machines), auto (torchrun when run under it). Default: "
-        "the flags (auto).",
-    ),
-]
 
 TORCHRUN_HINT = (
     "start it as `torchrun --nnodes N --nproc-per-node M ... -m cpkv.cli verify ...` "

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from cpkv.common.settings import RunSettings
 from cpkv.run.runner import (
     BatchProgress,
     LevelRun,
@@ -312,6 +313,21 @@ class PdJob:
     """Prefill ranks write on a writer thread while they compute; False: synchronously."""
     batch_timeout_s: float = 60.0
     """Seconds a prefill batch's collective waits for a stalled rank."""
+
+
+def pd_job(settings: RunSettings, batches: tuple[BatchSpec, ...]) -> PdJob:
+    """The highest enabled level of ``settings`` (``RunSettings.top_level``) as a PD job."""
+    return PdJob(
+        settings.deploy,
+        batches,
+        (settings.top_level(),),
+        settings.enabled,
+        settings.ceiling,
+        settings.debug_checks,
+        settings.shadow_rate,
+        settings.fault,
+        batch_timeout_s=settings.batch_timeout_s,
+    )
 
 
 def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:

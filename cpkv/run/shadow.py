@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from cpkv.common.console import BadInput
 from cpkv_core.runtime import (
@@ -36,24 +34,6 @@ FAULT_POINTS: dict[int, FaultPoint] = {
 }
 """The candidate path each phase's fault corrupts (phase 2 changes KV at rest: no fallback
 runs beside it)."""
-
-ShadowRateOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--shadow-rate",
-        help="Share of batches (0..1) run twice and compared with the fallback path; a "
-        "mismatch serves the fallback and kills the phase (default: the flag, 0).",
-    ),
-]
-FaultOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--inject-fault",
-        metavar="PHASE[:KIND]",
-        help="Game day: corrupt phase 1, 3, 4 or 5's candidate path (KIND row, drop or "
-        "owner) to prove the shadow guard catches it; use with --shadow-rate 1.",
-    ),
-]
 
 
 def parse_fault(text: str | None) -> Fault | None:

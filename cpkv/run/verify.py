@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpkv.common.settings import RunSettings
 from cpkv.run.explain import plan_to_json
 from cpkv.run.runner import (
     Backend,
@@ -140,31 +141,26 @@ def _level_report(level: int, run: LevelRun, reference: list[BatchOutput]) -> Le
 
 def verify_job(
     model: ModelConfig,
-    deploy: DeploymentConfig,
+    settings: RunSettings,
     batches: tuple[BatchSpec, ...],
-    levels: Sequence[int],
-    enabled: frozenset[PhaseId],
-    debug_checks: bool = False,
-    ceiling: int | None = None,
-    device: str = "cpu",
-    shadow_rate: float = 0.0,
-    fault: Fault | None = None,
-    batch_timeout_s: float = 60.0,
+    levels: Sequence[int] | None = None,
 ) -> RankJob:
-    """What every rank runs to verify ``batches`` once per level."""
+    """What every rank runs for ``cpkv verify``, whichever launcher starts the ranks:
+    ``batches`` once per level (``settings.levels()`` unless ``levels`` are given)."""
+    deploy = settings.deploy
     return RankJob(
         model=model,
         deploy=deploy,
         batches=batches,
-        levels=tuple(levels),
+        levels=settings.levels() if levels is None else tuple(levels),
         num_pages=pages_for_trace(batches, deploy.page_size, deploy.cp_size),
-        enabled=enabled,
-        ceiling=ceiling,
-        debug_checks=debug_checks,
-        device=device,
-        shadow_rate=shadow_rate,
-        fault=fault,
-        batch_timeout_s=batch_timeout_s,
+        enabled=settings.enabled,
+        ceiling=settings.ceiling,
+        debug_checks=settings.debug_checks,
+        device=settings.device,
+        shadow_rate=settings.shadow_rate,
+        fault=settings.fault,
+        batch_timeout_s=settings.batch_timeout_s,
     )
 
 
@@ -195,17 +191,15 @@ def verify_levels(
 ) -> VerifyReport:
     """Runs ``batches`` once per level in one group this process starts (the gate deciding
     each batch as the run goes) and compares every run with the reference."""
-    job = verify_job(
-        model,
+    settings = RunSettings(
         deploy,
-        batches,
-        levels,
         enabled,
-        debug_checks,
         ceiling,
-        device,
+        debug_checks,
         shadow_rate,
-        fault,
         batch_timeout_s,
+        device=device,
+        fault=fault,
     )
+    job = verify_job(model, settings, batches, levels)
     return verify_runs(job, run_levels(job, backend, on_progress))

@@ -1,0 +1,94 @@
+"""``cpkv explain``: the gate's plan for every batch of a trace, with reasons, and the phase
+mix; ``--batch N`` shows one batch in full."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cpkv.commands.options import (
+    JsonOpt,
+    RunOptions,
+    TraceArg,
+    out_option,
+    print_written,
+    takes_run_options,
+)
+from cpkv.common.console import BadInput, bad_input_exits, emit, out
+from cpkv.render.batches import render_explain, render_explain_batch
+from cpkv.render.reports import render_explain_summary
+from cpkv.run.explain import explain_trace, parse_killed
+from cpkv_core.planning import BatchSpec
+from cpkv_core.traces import load_trace
+
+SummaryOpt = Annotated[
+    bool, typer.Option("--summary", help="Only the phase mix, not every batch's plan.")
+]
+BatchOpt = Annotated[
+    int | None,
+    typer.Option("--batch", metavar="N", help="Show batch N in full: requests, every reason."),
+]
+KilledOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--killed",
+        metavar="PHASE@BATCH",
+        help="Replay a kill switch a live run tripped (verify's shadow.kills): PHASE is "
+        "KILLED from the batch after BATCH on. Repeatable.",
+    ),
+]
+
+
+@takes_run_options("phases", "config", "cp_size", "page_size", "cp_mode", "cp_min_tokens")
+def explain_command(
+    trace_path: TraceArg,
+    run: RunOptions,
+    summary: SummaryOpt = False,
+    batch: BatchOpt = None,
+    killed: KilledOpt = None,
+    as_json: JsonOpt = False,
+    out_dir: Annotated[Path | None, out_option("explain.json and phases-by-batch.png")] = None,
+) -> None:
+    """The gate's BatchPlan for every batch of TRACE, with reasons, and the phase mix: the
+    share of batches and tokens per phase, and fallback reasons counted by code."""
+    with bad_input_exits():
+        settings = run.settings()
+        trace = load_trace(trace_path, settings.deploy.page_size)
+        kills = parse_killed(killed or [], trace.batches)
+    report = explain_trace(
+        trace.batches, settings.enabled, settings.deploy, settings.ceiling, kills
+    )
+    if batch is not None:
+        with bad_input_exits():
+            i = batch_index(report.batches, batch)
+        document = report.to_json()["batches"][i]
+        batch_plan = report.plans[i]
+        emit(as_json, document, lambda: render_explain_batch(out, report.batches[i], batch_plan))
+        return
+    render = render_explain_summary if summary else render_explain
+    emit(as_json, report.to_json(summary_only=summary), lambda: render(out, report))
+    if out_dir is not None:
+        from cpkv.plots import write_outputs  # NOTE: loads matplotlib only for --out
+        from cpkv.plots.explain_plots import EXPLAIN_FIGURES
+
+        documents = {"explain": report.to_json()}
+        print_written(write_outputs(out_dir, "explain", documents, EXPLAIN_FIGURES))
+
+
+def batch_index(batches: tuple[BatchSpec, ...], number: int) -> int:
+    """The index of batch ``number`` in ``batches``.
+
+    Raises:
+        BadInput: the trace has no such batch.
+    """
+    numbers = [b.batch for b in batches]
+    if number not in numbers:
+        raise BadInput(f"--batch {number}: the trace has batches {', '.join(map(str, numbers))}")
+    return numbers.index(number)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``explain`` to ``app``."""
+    app.command("explain")(explain_command)

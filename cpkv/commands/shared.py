@@ -1,0 +1,68 @@
+"""What several commands do alike: a verify run behind a progress bar, a PD run behind a
+status line, and a dry run that prints and exits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+import typer
+
+from cpkv.common.console import BadInput, emit, err, out
+from cpkv.common.settings import RunSettings
+from cpkv.render.progress import with_progress
+from cpkv.render.reports import render_dry_run
+from cpkv.run.dry_run import dry_run_levels
+from cpkv.run.pd import PdHosts, PdReport, pd_job, run_pd
+from cpkv.run.runner import Backend, BatchProgress, RankJob, run_levels
+from cpkv.run.verify import VerifyReport, verify_runs
+from cpkv_core.config import ModelConfig, model_preset
+from cpkv_core.planning import BatchSpec
+
+RUN_MODEL = "tiny"
+"""The one preset runs take (the others are for ``cpkv plan``)."""
+
+
+def runnable_model(name: str) -> ModelConfig:
+    """The preset ``name``, when runs can take it.
+
+    Raises:
+        ValueError: an unknown preset.
+        BadInput: a preset for planning only.
+    """
+    model = model_preset(name)
+    if name != RUN_MODEL:
+        raise BadInput(f"--model {name} is for planning only; runs need --model tiny on CPU")
+    return model
+
+
+def run_verify(job: RankJob, backend: Backend, show_progress: bool) -> VerifyReport:
+    """Runs ``job`` on ranks this process starts and compares it with the reference, with a
+    progress bar on stderr if ``show_progress``."""
+
+    def run(on_progress: Callable[[BatchProgress], None] | None) -> VerifyReport:
+        return verify_runs(job, run_levels(job, backend, on_progress))
+
+    levels = job.levels
+    description = f"levels {', '.join(map(str, levels))} on {job.deploy.cp_size} {backend} ranks"
+    return with_progress(show_progress, description, len(job.batches) * len(levels), run)
+
+
+def run_pd_job(
+    settings: RunSettings, batches: tuple[BatchSpec, ...], timeout_s: float, retries: int
+) -> PdReport:
+    """Prefills ``batches`` at the highest enabled level and sends every request to a decode
+    process (``run.pd.run_pd``), with a status line on stderr."""
+    with err.status(f"prefill on {settings.deploy.cp_size} gloo ranks, transfer to decode"):
+        hosts = PdHosts(settings.pd_host, settings.pd_local_host)
+        job = pd_job(settings, batches)
+        (report,), _ = run_pd(model_preset(RUN_MODEL), [job], timeout_s, retries, hosts=hosts)
+    return report
+
+
+def dry_run_exit(settings: RunSettings, batches: Sequence[BatchSpec], as_json: bool) -> NoReturn:
+    """Runs every level of ``settings`` on ``meta``, prints the report and exits 0 when every
+    level ran (1 otherwise)."""
+    report = dry_run_levels(model_preset(RUN_MODEL), settings, batches)
+    emit(as_json, report.to_json(), lambda: render_dry_run(out, report))
+    raise typer.Exit(0 if report.ok else 1)
