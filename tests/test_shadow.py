@@ -16,8 +16,8 @@ from cpkv.run.explain import ReplayedKill, explain_trace, plan_to_json
 from cpkv.run.loop import sampled
 from cpkv.run.pd import PdReport
 from cpkv.run.runner import Backend, RankJob
-from cpkv.run.shadow import FAULT_POINTS, parse_fault, shadow_summary, summarize
-from cpkv.run.verify import VerifyReport, verify_levels
+from cpkv.run.shadow import FAULT_POINTS, parse_fault, summarize
+from cpkv.run.verify import VerifyReport, shadow_summary, verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.runtime import FAULT_KINDS, Fault
 from cpkv_core.traces import load_trace

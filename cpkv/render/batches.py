@@ -19,8 +19,7 @@ from cpkv.render.cells import (
     short_bytes,
 )
 from cpkv.run.explain import ExplainReport
-from cpkv.run.shadow import shadow_summary
-from cpkv.run.verify import VerifyReport
+from cpkv.run.verify import VerifyReport, shadow_summary
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime.outputs import OUTPUT_ATOL

@@ -23,7 +23,7 @@ from cpkv.run.runner import (
     request_order,
     run_jobs_on_gloo,
 )
-from cpkv.run.shadow import ShadowSummary, fault_phase, run_entries, summarize
+from cpkv.run.shadow import ShadowEntry, ShadowSummary, fault_phase, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.pd import (
     LOOPBACK,
@@ -50,7 +50,7 @@ from cpkv_core.planning import (
     Scheduler,
     pages_for_trace,
 )
-from cpkv_core.runtime import OUTPUT_ATOL, Fault, ReferenceModel, max_abs_diff
+from cpkv_core.runtime import OUTPUT_ATOL, SHADOW_TAG, Fault, ReferenceModel, max_abs_diff
 from phases import PhaseId
 
 
@@ -338,6 +338,19 @@ def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
         for req in batch.requests:
             seq_lens[req.rid] = req.seq_len
     return sum(-(-(n + 1) // page_size) for n in seq_lens.values())
+
+
+def run_entries(level: int, run: LevelRun) -> list[ShadowEntry]:
+    """The shadow entries of one level's prefill run (rank 0's outcome: every rank agrees)."""
+    return [
+        ShadowEntry(
+            level,
+            step.scheduled.batch,
+            pieces[0].shadow,
+            pieces[0].gathered_bytes.get(SHADOW_TAG, 0),
+        )
+        for step, pieces in zip(run.steps, run.rank_outputs, strict=True)
+    ]
 
 
 def run_pd(

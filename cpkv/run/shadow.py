@@ -1,4 +1,6 @@
-"""Shadow verification and game-day faults as the app shows them: options, summary, text.
+"""Shadow verification and game-day faults as the app shows them: the fault, the summary,
+its text (the summary of a verify run is ``verify.shadow_summary``, of a PD run
+``pd.run_entries``).
 
 ``--shadow-rate R`` runs a deterministic share of batches twice (the chosen path and its
 fallback) and trips a phase's kill switch on a mismatch; ``--inject-fault PHASE[:KIND]``
@@ -9,22 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cpkv.common.console import BadInput
 from cpkv_core.runtime import (
     FAULT_KINDS,
-    SHADOW_TAG,
     Fault,
     FaultKind,
     FaultPoint,
-    RankBatchOutput,
     ShadowOutcome,
 )
-
-if TYPE_CHECKING:
-    from cpkv.run.runner import LevelRun
-    from cpkv.run.verify import VerifyReport
 
 FAULT_POINTS: dict[int, FaultPoint] = {
     1: FaultPoint.NARROW_OUTPUT,
@@ -172,23 +168,3 @@ def summarize(
         seconds=sum(o.seconds for o in outcomes),
         wrong_outputs_delivered=wrong,
     )
-
-
-def shadow_summary(report: VerifyReport) -> ShadowSummary:
-    """The shadow figures of every level of ``report``."""
-    rows = [row for level in report.levels for row in level.rows]
-    entries = [ShadowEntry(r.level, r.batch, r.shadow, r.shadow_bytes) for r in rows]
-    wrong = sum(not row.comparison.ok for row in rows)
-    return summarize(report.shadow_rate, report.fault, entries, wrong)
-
-
-def run_entries(level: int, run: LevelRun) -> list[ShadowEntry]:
-    """The shadow entries of one level's run (rank 0's outcome: every rank agrees)."""
-    return [
-        ShadowEntry(level, step.scheduled.batch, pieces[0].shadow, _shadow_bytes(pieces[0]))
-        for step, pieces in zip(run.steps, run.rank_outputs, strict=True)
-    ]
-
-
-def _shadow_bytes(out: RankBatchOutput) -> int:
-    return out.gathered_bytes.get(SHADOW_TAG, 0)

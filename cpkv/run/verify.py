@@ -16,7 +16,7 @@ from cpkv.run.runner import (
     run_levels,
     run_reference,
 )
-from cpkv.run.shadow import fault_phase, shadow_summary
+from cpkv.run.shadow import ShadowEntry, ShadowSummary, fault_phase, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec, pages_for_trace
 from cpkv_core.runtime import (
@@ -112,6 +112,14 @@ class VerifyReport:
                 for row in lv.rows
             ],
         }
+
+
+def shadow_summary(report: VerifyReport) -> ShadowSummary:
+    """The shadow figures of every level of ``report``."""
+    rows = [row for level in report.levels for row in level.rows]
+    entries = [ShadowEntry(r.level, r.batch, r.shadow, r.shadow_bytes) for r in rows]
+    wrong = sum(not row.comparison.ok for row in rows)
+    return summarize(report.shadow_rate, report.fault, entries, wrong)
 
 
 def _level_report(level: int, run: LevelRun, reference: list[BatchOutput]) -> LevelReport:
