@@ -5,7 +5,7 @@ outputs out; ``ReferenceModel`` computes the same without CP.
 """
 
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
-from cpkv_core.runtime.engine import CPEngine, StepOutput
+from cpkv_core.runtime.engine import CPEngine
 from cpkv_core.runtime.faults import FAULT_KINDS, Fault, FaultKind, FaultPoint
 from cpkv_core.runtime.kv_access import materialize
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, kv_bytes_per_page, kv_bytes_per_token
@@ -18,6 +18,7 @@ from cpkv_core.runtime.outputs import (
     RequestOutput,
     ShadowMismatch,
     ShadowOutcome,
+    StepOutput,
     compare_batch,
     max_abs_diff,
     merge_rank_outputs,

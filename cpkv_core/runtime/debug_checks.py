@@ -16,12 +16,14 @@ runs every check (each check's collective needs the whole group).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from cpkv_core.config import DeploymentConfig
+from cpkv_core.dist.comm import Communicator
 from cpkv_core.planning import (
     HostPlan,
     KvLayout,
@@ -30,10 +32,7 @@ from cpkv_core.planning import (
     physical_loc,
 )
 from cpkv_core.runtime.device_plan import BatchTensors
-from cpkv_core.runtime.kv_pool import KVRows
-
-if TYPE_CHECKING:
-    from cpkv_core.runtime.engine import CPEngine
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 
 DEBUG_TAG = "debug"
 """Collective tag of the checks' gathers, so their bytes are counted apart."""
@@ -57,10 +56,26 @@ def request_locs(batch: ScheduledBatch, index: int, start: int, end: int) -> Int
     return locs
 
 
+class CheckedEngine(Protocol):
+    """What the checks read of the engine they guard (``CPEngine``)."""
+
+    @property
+    def deploy(self) -> DeploymentConfig: ...
+
+    @property
+    def comm(self) -> Communicator: ...
+
+    @property
+    def pool(self) -> PagedKVPool: ...
+
+    @property
+    def kv_layout(self) -> KvLayout: ...
+
+
 class DebugChecks:
     """The checks of one engine, with the host-side record they need."""
 
-    def __init__(self, engine: CPEngine) -> None:
+    def __init__(self, engine: CheckedEngine) -> None:
         self.engine = engine
         self.written_locs: set[int] = set()
         """Logical token rows this rank has stored KV for."""

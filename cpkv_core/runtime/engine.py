@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -48,28 +47,9 @@ from cpkv_core.runtime.model import (
     lm_head,
     project,
 )
-from cpkv_core.runtime.outputs import RankBatchOutput, ShadowOutcome
+from cpkv_core.runtime.outputs import RankBatchOutput, Served, StepOutput
 from cpkv_core.runtime.shadow import ShadowPlan, run_shadowed
 from cpkv_core.runtime.shared_pools import SharedPools, open_shared_pools
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    """What the run step computes on this rank, on the run device."""
-
-    topk: Tensor  # [num_layers, n_local, index_topk] logical key positions
-    last_hidden: Tensor  # [bs, hidden] final-normed, identical on every rank
-    logits: Tensor  # [bs, vocab]
-
-
-@dataclass(frozen=True, slots=True)
-class Served:
-    """The path whose results a batch delivers, and the shadow comparison that chose it."""
-
-    host: HostPlan
-    tensors: BatchTensors
-    step: StepOutput
-    shadow: ShadowOutcome | None = None
 
 
 class CPEngine:

@@ -1,4 +1,5 @@
-"""What a batch produces, and how a run is compared with the reference."""
+"""What a batch produces (the run step's outputs, the path a batch delivers, one rank's
+result), and how a run is compared with the reference."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 from torch import Tensor
 
 from cpkv_core.planning.batch import BatchSpec
+from cpkv_core.planning.host_plan import HostPlan
+from cpkv_core.runtime.device_plan import BatchTensors
 
 OUTPUT_ATOL = 1e-5
 """Largest accepted absolute difference of fp32 outputs (last hidden, logits).
@@ -119,6 +122,25 @@ class ShadowOutcome:
     mismatches: tuple[ShadowMismatch, ...]
     seconds: float
     """Wall time of the extra runs and comparisons on this rank."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What the run step computes on this rank, on the run device."""
+
+    topk: Tensor  # [num_layers, n_local, index_topk] logical key positions
+    last_hidden: Tensor  # [bs, hidden] final-normed, identical on every rank
+    logits: Tensor  # [bs, vocab]
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The path whose results a batch delivers, and the shadow comparison that chose it."""
+
+    host: HostPlan
+    tensors: BatchTensors
+    step: StepOutput
+    shadow: ShadowOutcome | None = None
 
 
 @dataclass(frozen=True, slots=True)

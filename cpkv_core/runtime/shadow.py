@@ -20,30 +20,58 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from cpkv_core.dist.comm import CommStats, Communicator, GatherHandle
-from cpkv_core.planning import ExecutionPlan, ScheduledBatch
+from cpkv_core.planning import ExecutionPlan, HostPlan, ScheduledBatch
+from cpkv_core.runtime.device_plan import BatchTensors
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, SavedRows
 from cpkv_core.runtime.outputs import (
     OUTPUT_ATOL,
+    Served,
     ShadowMismatch,
     ShadowOutcome,
+    StepOutput,
     max_abs_diff,
 )
 
-if TYPE_CHECKING:
-    from cpkv_core.runtime.engine import CPEngine, Served
-
-__all__ = ["SHADOW_TAG", "ShadowPlan", "run_shadowed"]
+__all__ = ["SHADOW_TAG", "ShadowPlan", "ShadowedEngine", "run_shadowed"]
 
 SHADOW_TAG = "shadow"
 """Collective tag of every shadow run and verdict, so their bytes are counted apart."""
 
 _WHAT = ("", "outputs", "rows read", "rows written")
+
+
+class ShadowedEngine(Protocol):
+    """What a shadowed batch uses of the engine that runs it (``CPEngine``); ``comm`` is
+    swapped for a tagged one while the extra runs go."""
+
+    comm: Communicator
+
+    @property
+    def pool(self) -> PagedKVPool: ...
+
+    def prepare(
+        self, batch: ScheduledBatch, plan: ExecutionPlan
+    ) -> tuple[HostPlan, BatchTensors]: ...
+
+    def run_step(
+        self,
+        host: HostPlan,
+        tensors: BatchTensors,
+        batch: ScheduledBatch | None = None,
+        reads: list[KVRows] | None = None,
+    ) -> StepOutput: ...
+
+    def all_gather_tokens(
+        self, local: Tensor, host: HostPlan, tensors: BatchTensors, tag: str
+    ) -> Tensor: ...
+
+    def run_plan(self, batch: ScheduledBatch, plan: ExecutionPlan) -> tuple[Served, SavedRows]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +162,7 @@ class _Run:
     written: list[KVRows]  # per layer, the pool rows of ``rows`` after the run
 
 
-def _run(engine: CPEngine, batch: ScheduledBatch, plan: ExecutionPlan, rows: Tensor) -> _Run:
-    from cpkv_core.runtime.engine import Served
-
+def _run(engine: ShadowedEngine, batch: ScheduledBatch, plan: ExecutionPlan, rows: Tensor) -> _Run:
     reads: list[KVRows] = []
     host, tensors = engine.prepare(batch, plan)
     step = engine.run_step(host, tensors, batch, reads)
@@ -161,7 +187,7 @@ def _verdict(cand: _Run, fallback: _Run) -> tuple[int, float]:
 
 
 def run_shadowed(
-    engine: CPEngine, batch: ScheduledBatch, shadow: ShadowPlan
+    engine: ShadowedEngine, batch: ScheduledBatch, shadow: ShadowPlan
 ) -> tuple[Served, SavedRows]:
     """Runs ``batch`` under ``shadow`` on this rank (every rank together); see the module.
 
