@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from cpkv.bench.bytes import bytes_by_batch
 from cpkv.bench.kv import ALL_PHASES
-from cpkv.run.runner import Backend, RankJob, run_levels
+from cpkv.run.jobs import Backend, RankJob
+from cpkv.run.runner import run_levels
 from cpkv_core.config import model_preset
 from cpkv_core.planning import KvReadStrategy, KvWriteStrategy, pages_for_trace
 from cpkv_core.traces import load_trace

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from cpkv.bench.cp_off import CP_OFF_SIZES
 from cpkv.cli import app
-from cpkv.run.runner import final_seq_lens
+from cpkv.run.jobs import final_seq_lens
 from cpkv_core.config import IndexKDtype
 from cpkv_core.traces import load_trace
 from tests.conftest import DATA, tiny_row_bytes

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from cpkv.bench.cp_off import CpOffFigure, CpOffTime, timed_batches
 from cpkv.cli import app
 from cpkv.run.explain import explain_trace
-from cpkv.run.runner import Backend
+from cpkv.run.jobs import Backend
 from cpkv.run.verify import verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
 from cpkv_core.planning import (

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cpkv.run.jobs import Backend
 from cpkv.run.loop import HostLoop
-from cpkv.run.runner import Backend
 from cpkv.run.verify import verify_levels
 from cpkv_core.config import MaterializeMode, model_preset
 from cpkv_core.dist import Communicator, LocalGroup, run_local

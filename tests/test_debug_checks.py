@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import cpkv.commands.shared as shared_mod
 import cpkv.run.pd as pd_mod
 from cpkv.cli import app
-from cpkv.run.runner import Backend, LevelRun, RankJob
+from cpkv.run.jobs import Backend, LevelRun, RankJob
 from cpkv.run.verify import VerifyReport, verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.planning import BatchSpec

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from cpkv.run.runner import Backend
+from cpkv.run.jobs import Backend
 from cpkv.run.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
 from cpkv_core.planning import BatchSpec, Scheduler

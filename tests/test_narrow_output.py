@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpkv.run.runner import Backend
+from cpkv.run.jobs import Backend
 from cpkv.run.verify import verify_levels
 from cpkv_core.config import CpMode, model_preset
 from cpkv_core.planning.execution import OutputStrategy

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from cpkv.run.runner import Backend
+from cpkv.run.jobs import Backend
 from cpkv.run.verify import verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.runtime import BatchOutput, RequestOutput, compare_batch, max_abs_diff

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv.run.pd import identical
+from cpkv.run.pd_check import identical
 from cpkv_core.config import model_preset
 from cpkv_core.pd import protocol
 from cpkv_core.pd.decode import DecodeServer

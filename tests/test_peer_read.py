@@ -21,7 +21,7 @@ import torch
 from typer.testing import CliRunner
 
 from cpkv.cli import app
-from cpkv.run.runner import Backend
+from cpkv.run.jobs import Backend
 from cpkv.run.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, MaterializeMode, model_preset
 from cpkv_core.planning.ownership import owner_of_page

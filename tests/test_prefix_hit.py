@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cpkv.run.runner import Backend
+from cpkv.run.jobs import Backend
 from cpkv.run.verify import verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.traces import load_trace

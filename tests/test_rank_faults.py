@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 import cpkv.commands.shared as shared_mod
 import cpkv.run.pd as pd_mod
 from cpkv.cli import app
-from cpkv.run.runner import Backend, RankJob, run_levels
+from cpkv.run.jobs import Backend, RankJob
+from cpkv.run.runner import run_levels
 from cpkv.run.verify import verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.planning import ExecutionPlan, ScheduledBatch, pages_for_trace

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 import cpkv.run.pd as pd_mod
 from cpkv.cli import app
 from cpkv.run.explain import ReplayedKill, explain_trace, plan_to_json
+from cpkv.run.jobs import Backend, RankJob
 from cpkv.run.loop import sampled
-from cpkv.run.pd import PdReport
-from cpkv.run.runner import Backend, RankJob
+from cpkv.run.pd_check import PdReport
 from cpkv.run.shadow import FAULT_POINTS, parse_fault, summarize
 from cpkv.run.verify import VerifyReport, shadow_summary, verify_levels
 from cpkv_core.config import model_preset

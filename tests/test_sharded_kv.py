@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from cpkv.run.dry_run import MetaGuard
+from cpkv.run.jobs import Backend, RankJob
 from cpkv.run.loop import HostLoop, LoopStep
-from cpkv.run.runner import Backend, RankJob, run_jobs_on_gloo, run_reference
+from cpkv.run.runner import run_jobs_on_gloo, run_reference
 from cpkv.run.verify import verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
 from cpkv_core.dist import Communicator, LocalGroup, run_local

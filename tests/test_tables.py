@@ -13,7 +13,7 @@ from cpkv.common.console import NO_TERMINAL_WIDTH, AppConsole
 from cpkv.render.batches import render_demo
 from cpkv.render.cells import compact_reasons, short_bytes
 from cpkv.run.explain import explain_trace
-from cpkv.run.runner import Backend
+from cpkv.run.jobs import Backend
 from cpkv.run.verify import verify_levels
 from cpkv_core.config import model_preset
 from phases.ids import PhaseId

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cpkv.bench.kv import write_path_bytes
-from cpkv.run.runner import LevelRun
+from cpkv.run.jobs import LevelRun
 
 
 @dataclass(frozen=True, slots=True)

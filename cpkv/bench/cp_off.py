@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cpkv.run.runner import Backend, LevelRun, RankJob, run_levels
+from cpkv.run.jobs import Backend, LevelRun, RankJob
+from cpkv.run.runner import run_levels
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec, RequestSpec, pages_for_trace
 from phases import PhaseId

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from cpkv.run.jobs import Backend, LevelRun, RankJob
 from cpkv.run.loop import HostLoop
-from cpkv.run.runner import Backend, LevelRun, RankJob, run_levels
+from cpkv.run.runner import run_levels
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.dist import Communicator, run_local
 from cpkv_core.planning import (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpkv.bench.peer_read import LEVEL, variant_runs
-from cpkv.run.runner import LevelRun
+from cpkv.run.jobs import LevelRun
 from cpkv_core.config import MaterializeMode
 
 

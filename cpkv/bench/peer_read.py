@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cpkv.run.runner import LevelRun, RankJob
+from cpkv.run.jobs import LevelRun, RankJob
 from cpkv_core.config import DeploymentConfig, MaterializeMode, ModelConfig
 from cpkv_core.planning import BatchSpec, HostPlan, RequestSpec, build_host_plan, pages_for_trace
 from cpkv_core.runtime import kv_bytes_per_token

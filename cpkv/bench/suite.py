@@ -41,8 +41,9 @@ from cpkv.bench.overlap import OverlapFigure, overlap_figure
 from cpkv.bench.pd import PdFigure, bench_pd
 from cpkv.bench.peer_read import PeerReadBatch, materialize_jobs, peer_read_figure
 from cpkv.bench.rollback import RollbackFigure, rollback_figure
+from cpkv.run.jobs import Backend, RankJob
 from cpkv.run.loop import HostLoop
-from cpkv.run.runner import Backend, RankJob, run_jobs_on_gloo, run_levels
+from cpkv.run.runner import run_jobs_on_gloo, run_levels
 from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec, RequestSpec, build_host_plan, pages_for_trace
 from cpkv_core.runtime import kv_bytes_per_page

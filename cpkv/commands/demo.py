@@ -23,8 +23,8 @@ from cpkv.common.settings import RunSettings
 from cpkv.render.batches import print_shadow, render_demo
 from cpkv.render.reports import render_pd
 from cpkv.run.builtin_trace import demo_trace
+from cpkv.run.jobs import Backend
 from cpkv.run.launchers import refuse_torchrun
-from cpkv.run.runner import Backend
 from cpkv.run.shadow import parse_fault
 from cpkv.run.verify import verify_job
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset

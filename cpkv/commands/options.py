@@ -24,7 +24,7 @@ from rich.markup import escape
 from cpkv.common.console import err
 from cpkv.common.devices import Device
 from cpkv.common.settings import RunSettings, resolve_run
-from cpkv.run.runner import Backend
+from cpkv.run.jobs import Backend
 from cpkv.run.shadow import parse_fault
 from cpkv_core.config import CpMode, IndexKDtype, Launcher, MaterializeMode
 

@@ -13,8 +13,10 @@ from cpkv.common.settings import RunSettings
 from cpkv.render.progress import with_progress
 from cpkv.render.reports import render_dry_run
 from cpkv.run.dry_run import dry_run_levels
-from cpkv.run.pd import PdHosts, PdReport, pd_job, run_pd
-from cpkv.run.runner import Backend, BatchProgress, RankJob, run_levels
+from cpkv.run.jobs import Backend, BatchProgress, RankJob
+from cpkv.run.pd import PdHosts, pd_job, run_pd
+from cpkv.run.pd_check import PdReport
+from cpkv.run.runner import run_levels
 from cpkv.run.verify import VerifyReport, verify_runs
 from cpkv_core.config import ModelConfig, model_preset
 from cpkv_core.planning import BatchSpec

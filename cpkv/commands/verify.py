@@ -16,8 +16,9 @@ from cpkv.common.console import bad_input_exits, emit, out
 from cpkv.common.devices import Device, check_device
 from cpkv.render.batches import render_verify
 from cpkv.render.progress import with_progress
+from cpkv.run.jobs import RankJob
 from cpkv.run.launchers import dist_backend, torchrun_worker
-from cpkv.run.runner import RankJob, run_jobs_in_group
+from cpkv.run.runner import run_jobs_in_group
 from cpkv.run.verify import VerifyReport, verify_job, verify_runs
 from cpkv_core.dist import TorchrunEnv, TorchrunGroup
 from cpkv_core.traces import load_trace

@@ -8,7 +8,7 @@ from typing import TypeVar
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cpkv.common.console import err
-from cpkv.run.runner import BatchProgress
+from cpkv.run.jobs import BatchProgress
 
 R = TypeVar("R")
 

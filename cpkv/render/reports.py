@@ -15,7 +15,7 @@ from cpkv.render.peer_read import render_overlap, render_peer_read
 from cpkv.render.rollback import render_rollback
 from cpkv.run.dry_run import DryRunReport
 from cpkv.run.explain import ExplainReport
-from cpkv.run.pd import PdReport
+from cpkv.run.pd_check import PdReport
 from cpkv.run.phase_mix import render_phase_mix
 
 

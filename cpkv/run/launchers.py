@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from cpkv.common.console import BadInput
 from cpkv.common.devices import Device
-from cpkv.run.runner import Backend
+from cpkv.run.jobs import Backend
 from cpkv_core.config import Launcher
 from cpkv_core.dist import TorchrunEnv, torchrun_env
 

@@ -10,14 +10,13 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
 from cpkv.run.batch_commit import rank_state, roll_back
+from cpkv.run.jobs import Backend, BatchProgress, LevelRun, RankJob, RankRun, final_seq_lens
 from cpkv.run.loop import HostLoop, LoopStep
-from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.config import ModelConfig
 from cpkv_core.dist import (
     Communicator,
     ProgressEvent,
@@ -31,30 +30,19 @@ from cpkv_core.pd import (
     ConcurrentWrite,
     LargeWrite,
     PdSender,
-    PdTarget,
     SendResult,
     WriteStats,
     time_baselines,
 )
-from cpkv_core.planning import BatchSpec, ScheduledBatch
+from cpkv_core.planning import ScheduledBatch
 from cpkv_core.runtime import (
     BatchOutput,
     CPEngine,
-    Fault,
     RankBatchOutput,
     ReferenceModel,
     merge_rank_outputs,
 )
-from phases import PhaseId, level_enabled
-
-
-class Backend(StrEnum):
-    """Where CP ranks run."""
-
-    GLOO = "gloo"
-    """One process per rank, a real torch.distributed gloo group."""
-    LOCAL = "local"
-    """One thread per rank in this process, through the same communication interface."""
+from phases import level_enabled
 
 
 class RankFault(RuntimeError):
@@ -73,97 +61,6 @@ class RankFault(RuntimeError):
             f"{cause}" + (f"; {note}" if note else "")
         )
         self.rank, self.level, self.batch = rank, level, batch
-
-
-@dataclass(frozen=True, slots=True)
-class RankJob:
-    """Everything a rank needs to run a trace at several levels; picklable."""
-
-    model: ModelConfig
-    deploy: DeploymentConfig
-    batches: tuple[BatchSpec, ...]
-    levels: tuple[int, ...]
-    """Level of each run, in order (a level may repeat: bench rounds)."""
-    num_pages: int
-    enabled: frozenset[PhaseId] = frozenset(PhaseId)
-    """Phases enabled for the deployment; a run at level L hands its gate those <= L."""
-    ceiling: int | None = None
-    debug_checks: bool = False
-    """Run the sharded-KV invariant checks (they synchronise)."""
-    pd: PdTarget | None = None
-    """Stream every request to this decode server (PD) as its pages fill, batch by batch."""
-    device: str = "cpu"
-    """Where weights, pools and run-step tensors live."""
-    shadow_rate: float = 0.0
-    """Share of batches (0..1) shadow-verified, drawn from the batch index and the seed."""
-    shadow_seed: int = 0
-    fault: Fault | None = None
-    """A game-day fault injected into the candidate path it targets (``--inject-fault``)."""
-    exit_at: tuple[int, int] | None = None
-    """Game day for rank faults: ``(rank, batch)`` exits abruptly (no cleanup) before
-    running that batch, as a killed process would."""
-    batch_timeout_s: float = 60.0
-    """Seconds one collective of a batch waits for a stalled rank (``--batch-timeout-s``);
-    then every waiting rank stops and the run names the stalled one. Distinct from the
-    run's whole timeout."""
-    stall_at: tuple[int, int, float] | None = None
-    """Game day for a stalled rank: ``(rank, batch, seconds)`` sleeps that long before
-    running that batch, while the others wait in its first collective."""
-
-
-@dataclass(frozen=True, slots=True)
-class RankRun:
-    """One rank's part of one level: its batch outputs, the loop's steps (rank 0 only) and,
-    with PD, its send results."""
-
-    outputs: list[RankBatchOutput]
-    steps: list[LoopStep]
-    pd: list[SendResult]
-    pd_stats: WriteStats | None = None
-    pd_probe: LargeWrite | None = None
-    pd_concurrent: ConcurrentWrite | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BatchProgress:
-    """Sent by rank 0 after each batch: level run index and batch index."""
-
-    run: int
-    batch: int
-
-
-@dataclass(frozen=True, slots=True)
-class LevelRun:
-    """One level's run of a trace: the loop's steps, merged outputs and per-rank pieces."""
-
-    level: int
-    steps: tuple[LoopStep, ...]
-    outputs: tuple[BatchOutput, ...]
-    rank_outputs: tuple[tuple[RankBatchOutput, ...], ...]
-    """``rank_outputs[batch][rank]``."""
-    pd: tuple[tuple[SendResult, ...], ...] = ()
-    """``pd[rank]``: how each request went from each rank (PD runs only)."""
-    pd_stats: tuple[WriteStats, ...] = ()
-    """``pd_stats[rank]``: what each rank's PD writes cost (PD runs only)."""
-    pd_probe: LargeWrite | None = None
-    """One large write of the run's KV bytes, timed after it (``PdTarget.probe``)."""
-    pd_concurrent: tuple[ConcurrentWrite, ...] = ()
-    """``pd_concurrent[rank]``: every rank writing its share of the same bytes in one call,
-    at once, timed after the large write (``PdTarget.probe``)."""
-
-
-def request_order(batches: Sequence[BatchSpec]) -> list[str]:
-    """Every rid of a trace, in order of first appearance."""
-    return list(dict.fromkeys(req.rid for batch in batches for req in batch.requests))
-
-
-def final_seq_lens(batches: Sequence[BatchSpec]) -> dict[str, int]:
-    """Every rid of a trace, in order of first appearance, with its tokens after its last
-    chunk (a serving scheduler knows it from the prompt)."""
-    lens = dict.fromkeys(request_order(batches), 0)
-    for batch in batches:
-        lens.update((req.rid, req.seq_len) for req in batch.requests)
-    return lens
 
 
 def _to_host(out: RankBatchOutput) -> RankBatchOutput:

@@ -8,14 +8,8 @@ from typing import Any
 
 from cpkv.common.settings import RunSettings
 from cpkv.run.explain import plan_to_json
-from cpkv.run.runner import (
-    Backend,
-    BatchProgress,
-    LevelRun,
-    RankJob,
-    run_levels,
-    run_reference,
-)
+from cpkv.run.jobs import Backend, BatchProgress, LevelRun, RankJob
+from cpkv.run.runner import run_levels, run_reference
 from cpkv.run.shadow import ShadowEntry, ShadowSummary, fault_phase, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec, pages_for_trace
