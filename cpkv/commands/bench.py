@@ -15,7 +15,7 @@ from cpkv.commands.shared import RUN_MODEL, dry_run_exit
 from cpkv.common.console import bad_input_exits, emit, err, out
 from cpkv.common.devices import Device, check_device
 from cpkv.common.settings import RunSettings
-from cpkv.render.reports import render_bench
+from cpkv.render.bench import render_bench
 from cpkv.run.builtin_trace import demo_trace
 from cpkv.run.launchers import refuse_torchrun
 from cpkv_core.config import DeploymentConfig, model_preset

@@ -43,6 +43,15 @@ BYTES_NOTE = "bytes: K = KiB, M = MiB, G = GiB"
 """Printed under a table whose cells use :func:`short_bytes`."""
 
 
+def human_bytes(num: float) -> str:
+    """``1536`` -> ``1.5 KiB``."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(num) < 1024:
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.1f} {unit}"
+        num /= 1024
+    return f"{num:.1f} GiB"
+
+
 def short_bytes(num: float) -> str:
     """At most 5 characters: ``0``, ``980B``, ``29.2K``, ``459K``, ``2.14M`` (K = KiB)."""
     if num == 0:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from cpkv.plan.capacity import REPLICATED_LEVEL, CapacityPlan, LevelCapacity
 from cpkv.plan.memory_budget import FractionSource
-from cpkv.render.reports import human_bytes
+from cpkv.render.cells import human_bytes
 
 _FRACTION_NOTE = {
     FractionSource.GIVEN: "given",

@@ -9,9 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from cpkv_core.planning import BatchSpec
 from phases import BatchPlan, PhaseId
 
@@ -101,32 +98,3 @@ def phase_mix(
     shares = tuple(share(phase) for phase in range(len(PhaseId) + 1))
     codes = {p: dict(sorted(c.items())) for p, c in fallbacks.items()}
     return PhaseMix(total_batches, total_tokens, shares, codes, share(CP_OFF_KEY))
-
-
-def render_phase_mix(console: Console, mix: PhaseMix, title: str) -> None:
-    """One row per phase with its shares, then the fallback codes of each enabled phase."""
-    table = Table(title=f"{title}: {mix.batches} batches, {mix.tokens:,} tokens")
-    table.add_column("phase", justify="right")
-    for name in ("batches", "batch share", "tokens", "token share"):
-        table.add_column(name, justify="right")
-    for share in mix.shares:
-        table.add_row(
-            str(share.phase),
-            str(share.batches),
-            f"{share.batch_share:.1%}",
-            f"{share.tokens:,}",
-            f"{share.token_share:.1%}",
-        )
-    console.print(table)
-    off = mix.cp_off
-    console.print(
-        f"CP off (CP_OFF, split none): {off.batches} batches ({off.batch_share:.1%}), "
-        f"{off.tokens:,} tokens ({off.token_share:.1%})",
-        highlight=False,
-        markup=False,
-    )
-    for phase, codes in mix.fallbacks.items():
-        text = ", ".join(f"{code} x{n}" for code, n in codes.items()) or "never"
-        console.print(
-            f"phase {phase} fell back (batches by code): {text}", highlight=False, markup=False
-        )
