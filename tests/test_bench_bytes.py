@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cpkv.bench.bytes import bytes_by_batch
-from cpkv.bench.kv import ALL_PHASES
+from cpkv.bench.measure import ALL_PHASES
 from cpkv.run.jobs import Backend, RankJob
 from cpkv.run.runner import run_levels
 from cpkv_core.config import model_preset

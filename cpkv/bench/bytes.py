@@ -1,12 +1,55 @@
-"""Bytes moved per batch and level for ``cpkv bench``, split by what each all-gather was for."""
+"""Bytes moved per batch and level for ``cpkv bench``: the write path's current-KV gather (0 under
+phase 5), and every all-gather split by what it was for."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cpkv.bench.kv import write_path_bytes
 from cpkv.run.jobs import LevelRun
+from cpkv_core.planning import (
+    KvReadStrategy,
+    KvWriteStrategy,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WritePathBytes:
+    """Current-chunk all-gather bytes of one batch at one level (rank 0), and who needs them."""
+
+    level: int
+    batch: int
+    phase: int
+    gathered_bytes: int
+    needed_by_write: bool
+    needed_by_read: bool
+
+    @property
+    def write_path_bytes(self) -> int:
+        """Bytes gathered for the KV write; 0 under compute-owner direct writes."""
+        return self.gathered_bytes if self.needed_by_write else 0
+
+
+def write_path_bytes(runs: Sequence[LevelRun]) -> list[WritePathBytes]:
+    """Per batch and level: the current-KV gather and whether write or read needed it."""
+    rows = []
+    for run in runs:
+        for i, step in enumerate(run.steps):
+            plan = step.decision.plan
+            gathers = not plan.computes_every_token  # NOTE: the none split gathers nothing
+            tags = run.rank_outputs[i][0].gathered_bytes
+            rows.append(
+                WritePathBytes(
+                    level=run.level,
+                    batch=i,
+                    phase=step.decision.phase,
+                    gathered_bytes=tags.get("current_kv", 0) + tags.get("current_index_k", 0),
+                    needed_by_write=gathers
+                    and plan.kv_write is not KvWriteStrategy.COMPUTE_OWNER_DIRECT,
+                    needed_by_read=gathers and plan.kv_read is KvReadStrategy.CURRENT_REUSE,
+                )
+            )
+    return rows
 
 
 @dataclass(frozen=True, slots=True)

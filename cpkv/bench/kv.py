@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from cpkv.bench.measure import ALL_PHASES
 from cpkv.run.jobs import Backend, LevelRun, RankJob
 from cpkv.run.loop import HostLoop
 from cpkv.run.runner import run_levels
@@ -19,7 +20,6 @@ from cpkv_core.planning import (
     BatchSpec,
     KvLayout,
     KvReadStrategy,
-    KvWriteStrategy,
     RequestSpec,
     build_host_plan,
     pages_for_trace,
@@ -33,9 +33,6 @@ from cpkv_core.runtime import (
     upload,
 )
 from phases import PhaseId
-
-ALL_PHASES = frozenset(PhaseId)
-"""Level L of a bench enables every phase <= L."""
 
 
 def _job(
@@ -259,45 +256,6 @@ def step_times(
     base = per_level[levels[0]]
     times = [StepTime(level, s, s / base) for level, s in per_level.items()]
     return times, list(runs[-len(levels) :])
-
-
-@dataclass(frozen=True, slots=True)
-class WritePathBytes:
-    """Current-chunk all-gather bytes of one batch at one level (rank 0), and who needs them."""
-
-    level: int
-    batch: int
-    phase: int
-    gathered_bytes: int
-    needed_by_write: bool
-    needed_by_read: bool
-
-    @property
-    def write_path_bytes(self) -> int:
-        """Bytes gathered for the KV write; 0 under compute-owner direct writes."""
-        return self.gathered_bytes if self.needed_by_write else 0
-
-
-def write_path_bytes(runs: Sequence[LevelRun]) -> list[WritePathBytes]:
-    """Per batch and level: the current-KV gather and whether write or read needed it."""
-    rows = []
-    for run in runs:
-        for i, step in enumerate(run.steps):
-            plan = step.decision.plan
-            gathers = not plan.computes_every_token  # NOTE: the none split gathers nothing
-            tags = run.rank_outputs[i][0].gathered_bytes
-            rows.append(
-                WritePathBytes(
-                    level=run.level,
-                    batch=i,
-                    phase=step.decision.phase,
-                    gathered_bytes=tags.get("current_kv", 0) + tags.get("current_index_k", 0),
-                    needed_by_write=gathers
-                    and plan.kv_write is not KvWriteStrategy.COMPUTE_OWNER_DIRECT,
-                    needed_by_read=gathers and plan.kv_read is KvReadStrategy.CURRENT_REUSE,
-                )
-            )
-    return rows
 
 
 @dataclass(frozen=True, slots=True)

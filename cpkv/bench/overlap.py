@@ -1,7 +1,7 @@
 """The ``overlap`` figure of ``cpkv bench``: exposed materialization time at level 2, gather
 without and with prefetch, on a history-heavy trace.
 
-Both runs go on the bench's gloo group among ``bench_peer_read.materialize_jobs``'s variants,
+Both runs go on the bench's gloo group among ``views.materialize_jobs``'s variants,
 in turn round by round, so drift hits both alike.
 A batch's exposed time is its slowest rank's ``exposed_materialize_seconds`` (view reads no
 compute overlapped); the figure sums it over the trace's batches and takes the median over
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cpkv.bench.peer_read import LEVEL, variant_runs
+from cpkv.bench.views import LEVEL, variant_runs
 from cpkv.run.jobs import LevelRun
 from cpkv_core.config import MaterializeMode
 

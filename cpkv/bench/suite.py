@@ -6,14 +6,9 @@ warm-up. Ratios, not absolute times, are the headline.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from functools import partial
-from typing import Any
 
-from cpkv.bench.bytes import BatchBytes, bytes_by_batch
+from cpkv.bench.bytes import bytes_by_batch, write_path_bytes
 from cpkv.bench.cp_off import (
     CpOffFigure,
     cp_off_bytes,
@@ -21,231 +16,25 @@ from cpkv.bench.cp_off import (
     cp_off_times,
     default_min_tokens,
 )
+from cpkv.bench.host import bench_gate, bench_host_plan, bench_tail_bytes
 from cpkv.bench.kv import (
-    ALL_PHASES,
-    KvShare,
-    MaterializedBytes,
-    PageBalance,
-    RemapCost,
-    StepTime,
-    WritePathBytes,
     bench_kv_share,
     bench_remaps,
     materialized_bytes,
     page_balance,
     step_time_job,
     step_times,
-    write_path_bytes,
 )
-from cpkv.bench.overlap import OverlapFigure, overlap_figure
-from cpkv.bench.pd import PdFigure, bench_pd
-from cpkv.bench.peer_read import PeerReadBatch, materialize_jobs, peer_read_figure
-from cpkv.bench.rollback import RollbackFigure, rollback_figure
-from cpkv.run.jobs import Backend, RankJob
-from cpkv.run.loop import HostLoop
-from cpkv.run.runner import run_jobs_on_gloo, run_levels
-from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
-from cpkv_core.planning import BatchSpec, RequestSpec, build_host_plan, pages_for_trace
+from cpkv.bench.overlap import overlap_figure
+from cpkv.bench.pd import bench_pd
+from cpkv.bench.peer_read import peer_read_figure
+from cpkv.bench.report import BenchReport
+from cpkv.bench.rollback import rollback_figure
+from cpkv.bench.views import materialize_jobs
+from cpkv.run.runner import run_jobs_on_gloo
+from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import kv_bytes_per_page
-from phases import PhaseId
-
-
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
-def synthetic_batch(bs: int, extend_len: int) -> BatchSpec:
-    """A first batch of ``bs`` new requests of ``extend_len`` tokens each."""
-    return BatchSpec(0, tuple(RequestSpec(f"r{i}", 0, extend_len) for i in range(bs)))
-
-
-@dataclass(frozen=True, slots=True)
-class GateTiming:
-    """Gate decision time for one batch size."""
-
-    bs: int
-    microseconds_per_batch: float
-
-
-def bench_gate(deploy: DeploymentConfig, sizes: Sequence[int] = (1, 32, 256)) -> list[GateTiming]:
-    """Time of ``Gate.decide`` per scheduled batch, every registered phase enabled."""
-    rows = []
-    for bs in sizes:
-        batch = synthetic_batch(bs, extend_len=4 * deploy.page_size * deploy.cp_size)
-        loop = HostLoop(
-            deploy, ALL_PHASES, pages_for_trace([batch], deploy.page_size, deploy.cp_size)
-        )
-        scheduled = loop.step(batch).scheduled
-        repeats = max(20, 20_000 // bs)
-        seconds = median_seconds(partial(loop.gate.decide, scheduled), repeats=repeats)
-        rows.append(GateTiming(bs, seconds * 1e6))
-    return rows
-
-
-HOST_PLAN_PAGE_SIZE = 64
-"""The host-plan figure's page size (NSA models' page), whatever the bench's own."""
-
-
-@dataclass(frozen=True, slots=True)
-class HostPlanTiming:
-    """Host planning time of one rank for one batch with long histories."""
-
-    requests: int
-    history_tokens: int
-    """History per request before the measured batch."""
-    extend_tokens: int
-    pages: int
-    """Page-table entries the batch reads (every request's whole table)."""
-    phase: int
-    microseconds: float
-    """``build_host_plan`` for rank 0, median after a warm-up."""
-
-    @property
-    def microseconds_per_page(self) -> float:
-        """Host plan time over page-table entries: flat as history grows when O(pages)."""
-        return self.microseconds / self.pages
-
-
-def bench_host_plan(
-    deploy: DeploymentConfig,
-    histories: Sequence[int] = (4096, 32768, 131072),
-    requests: int = 8,
-    repeats: int = 20,
-) -> list[HostPlanTiming]:
-    """``build_host_plan`` of a batch of ``requests`` continuing requests, each with
-    ``history`` tokens already cached, at page 64 and ``deploy``'s CP size, every phase
-    enabled (the gate picks the plan)."""
-    deploy = deploy.model_copy(update={"page_size": HOST_PLAN_PAGE_SIZE})
-    extend = 2 * deploy.cp_size * deploy.page_size
-    rows = []
-    for history in histories:
-        first = BatchSpec(0, tuple(RequestSpec(f"r{i}", 0, history) for i in range(requests)))
-        second = BatchSpec(1, tuple(RequestSpec(f"r{i}", history, extend) for i in range(requests)))
-        pages = pages_for_trace([first, second], deploy.page_size, deploy.cp_size)
-        loop = HostLoop(deploy, ALL_PHASES, pages)
-        loop.step(first)
-        step = loop.step(second)
-        plan = partial(build_host_plan, step.scheduled, step.decision.plan, 0)
-        seconds = median_seconds(plan, repeats=repeats)
-        entries = sum(len(r.page_table) for r in step.scheduled.requests)
-        rows.append(
-            HostPlanTiming(requests, history, extend, entries, step.decision.phase, seconds * 1e6)
-        )
-    return rows
-
-
-@dataclass(frozen=True, slots=True)
-class TailBytes:
-    """Tail bytes gathered per rank for one batch, full gather (level 0) vs narrow (level 1)."""
-
-    cp_size: int
-    cp_mode: str
-    bs: int
-    tokens: int
-    full_gather_bytes: int
-    narrow_bytes: int
-
-    @property
-    def ratio(self) -> float:
-        """narrow / full."""
-        return self.narrow_bytes / self.full_gather_bytes
-
-
-def bench_tail_bytes(
-    model: ModelConfig, cp_sizes: Sequence[int] = (2, 4, 8), bs: int = 8, extend_len: int = 96
-) -> list[TailBytes]:
-    """Runs one batch at levels 0 and 1 on the in-process group and reads the counted bytes."""
-    rows = []
-    batch = synthetic_batch(bs, extend_len)
-    for cp_size in cp_sizes:
-        for cp_mode in CpMode:
-            deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=16)
-            pages = pages_for_trace([batch], 16, cp_size)
-            job = RankJob(
-                model, deploy, (batch,), (0, 1), pages, frozenset({PhaseId.NARROW_OUTPUT})
-            )
-            full, narrow = (
-                run.rank_outputs[0][0].gathered_bytes["tail_hidden"]
-                for run in run_levels(job, Backend.LOCAL)
-            )
-            rows.append(TailBytes(cp_size, str(cp_mode), bs, batch.num_tokens, full, narrow))
-    return rows
-
-
-@dataclass(frozen=True, slots=True)
-class BenchReport:
-    """Every figure of one bench run."""
-
-    gate: list[GateTiming]
-    host_plan: list[HostPlanTiming]
-    tail_bytes: list[TailBytes]
-    kv_share: list[KvShare]
-    materialized: list[MaterializedBytes]
-    remaps: list[RemapCost]
-    write_path: list[WritePathBytes]
-    bytes_by_batch: list[BatchBytes]
-    page_balance: list[PageBalance]
-    pd: PdFigure
-    step_time: list[StepTime]
-    step_time_cp_size: int
-    cp_off: CpOffFigure
-    warnings: list[str]
-    peer_read: list[PeerReadBatch]
-    overlap: OverlapFigure
-    rollback: RollbackFigure
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON document of ``cpkv bench --json``."""
-        return {
-            "warnings": self.warnings,
-            "gate": [asdict(row) for row in self.gate],
-            "host_plan": [
-                asdict(row) | {"microseconds_per_page": row.microseconds_per_page}
-                for row in self.host_plan
-            ],
-            "tail_bytes": [asdict(row) | {"ratio": row.ratio} for row in self.tail_bytes],
-            "kv_share": [
-                asdict(row)
-                | {
-                    "max_fraction": row.max_fraction,
-                    "target_fraction": 1 / row.cp_size,
-                    "within_target": row.within_target,
-                }
-                for row in self.kv_share
-            ],
-            "materialized": [asdict(row) for row in self.materialized],
-            "remaps": [asdict(row) for row in self.remaps],
-            "write_path": [
-                asdict(row) | {"write_path_bytes": row.write_path_bytes} for row in self.write_path
-            ],
-            "bytes_by_batch": [asdict(row) | {"total": row.total} for row in self.bytes_by_batch],
-            "page_balance": [
-                asdict(row) | {"max_over_min": row.max_over_min} for row in self.page_balance
-            ],
-            "pd": self.pd.to_json(),
-            "step_time": {
-                "cp_size": self.step_time_cp_size,
-                "backend": "gloo",
-                "levels": [asdict(row) for row in self.step_time],
-            },
-            "cp_off": self.cp_off.to_json(),
-            "peer_read": {
-                "level": 2,
-                "cp_size": self.step_time_cp_size,
-                "backend": "gloo",
-                "batches": [row.to_json() for row in self.peer_read],
-            },
-            "overlap": self.overlap.to_json(),
-            "rollback": self.rollback.to_json(),
-        }
 
 
 def run_bench(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from cpkv.bench.suite import BenchReport
+from cpkv.bench.report import BenchReport
 from cpkv.render.cells import human_bytes
 from cpkv.render.cp_off import render_cp_off
 from cpkv.render.peer_read import render_overlap, render_peer_read
