@@ -13,22 +13,28 @@ traceback, a half-written file) is a failure.
 from __future__ import annotations
 
 import functools
-import json
 import tempfile
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import typer
 from typer.testing import CliRunner
 
+from cpkv.run.fuzz_inputs import (
+    cli_values,
+    forward_batch,
+    phase_change,
+    sglang_args,
+    toml_text,
+    trace_text,
+)
 from cpkv_core.traces import TraceError, parse_trace_text
 from flags import check_flags, resolve_flags
-from flags.model import FLAG_SPECS, PHASE_FIELDS, TOML_KEYS
-from flags.sglang_args import SWITCHES, VALUED, read_sglang
+from flags.model import PHASE_FIELDS
+from flags.sglang_args import read_sglang
 from flags.sglang_batch import batch_from_forward_batch
 from flags.sources import parse_config_text
 from phases import PhaseId
@@ -70,113 +76,6 @@ class FuzzReport:
                 for name, t in self.targets.items()
             },
         }
-
-
-def _values(st: Any) -> Any:
-    """Scalars of every JSON/TOML kind, edge cases included."""
-    return st.one_of(
-        st.none(),
-        st.booleans(),
-        st.integers(min_value=-(2**70), max_value=2**70),
-        st.sampled_from([0, 1, -1, 3, 4, 63, 64, 65, 2**31]),
-        st.floats(allow_nan=True, allow_infinity=True),
-        st.text(max_size=12),
-        st.sampled_from(["EAGLE", "NONE", "", "a", "b", "zigzag", "mooncake", "prefill"]),
-    )
-
-
-def _trace_text(st: Any) -> Any:
-    keys = ["rid", "prefix_len", "extend_len", "prefix_from", "return_logprob", "capture_hidden"]
-    request = st.dictionaries(st.sampled_from([*keys, "extra"]), _values(st), max_size=7)
-    lengths = st.fixed_dictionaries(
-        {
-            "rid": st.sampled_from(["a", "b", "c"]),
-            "prefix_len": st.integers(-2, 140),
-            "extend_len": st.integers(-1, 140),
-        },
-        optional={"prefix_from": st.sampled_from(["a", "b", "z", ""])},
-    )
-    batch = st.fixed_dictionaries(
-        {"batch": st.one_of(st.integers(-1, 5), _values(st))},
-        optional={
-            "requests": st.one_of(st.lists(st.one_of(request, lengths), max_size=4), _values(st)),
-            "spec": _values(st),
-        },
-    )
-    line = st.one_of(batch.map(json.dumps), st.text(max_size=40))
-    return st.lists(line, max_size=5).map("\n".join)
-
-
-def _toml_text(st: Any) -> Any:
-    key = st.one_of(st.sampled_from(sorted(TOML_KEYS)), st.text(max_size=10))
-    value = st.one_of(
-        _values(st).map(json.dumps), st.sampled_from(["[1, 2]", "{a = 1}", "true", "1.5e3"])
-    )
-    line = st.one_of(
-        st.tuples(key, value).map(lambda kv: f'"{kv[0]}" = {kv[1]}'), st.text(max_size=20)
-    )
-    return st.lists(line, max_size=6).map("\n".join)
-
-
-def _cli_values(st: Any) -> Any:
-    names = sorted(n for n, s in FLAG_SPECS.items() if not s.env_only)
-    return st.dictionaries(
-        st.sampled_from(names), st.one_of(_values(st), st.text(max_size=6)), max_size=5
-    )
-
-
-def _sglang_args(st: Any) -> Any:
-    token = st.one_of(
-        st.sampled_from(sorted([*SWITCHES, *VALUED, "--tp", "--dp", "--model-path", "python"])),
-        st.sampled_from(["1", "0", "-3", "64", "zigzag", "interleave", "x", "true", "'", '"']),
-        st.sampled_from(["SGLANG_DEBUG_CP_SHARED_KV=1", "CPKV_MAX_PHASE=9", "CPKV_X=y"]),
-        st.text(max_size=8),
-    )
-    joined = st.lists(token, max_size=8).map(" ".join)
-    pairs = st.lists(
-        st.tuples(st.sampled_from(sorted(VALUED)), token).map(lambda p: f"{p[0]}={p[1]}"),
-        max_size=4,
-    ).map(" ".join)
-    return st.one_of(joined, pairs)
-
-
-def _forward_batch(st: Any) -> Any:
-    ints = st.lists(st.one_of(st.integers(-2, 300), _values(st)), max_size=4)
-    attrs = {
-        "extend_prefix_lens_cpu": st.one_of(ints, _values(st)),
-        "extend_seq_lens_cpu": st.one_of(ints, _values(st)),
-        "return_logprob": _values(st),
-        "spec_algorithm": _values(st),
-        "capture_hidden_mode": _values(st),
-        "rids": st.one_of(st.lists(_values(st), max_size=4), _values(st)),
-    }
-    return st.fixed_dictionaries({}, optional=attrs).map(lambda d: SimpleNamespace(**d))
-
-
-def _phase_change(st: Any) -> Any:
-    """``cpkv enable|disable``: a fuzzed phase argument and options, a config file (or none,
-    named by ``--config`` or ``$CPKV_CONFIG``) and ``CPKV_*`` environment values."""
-    env_names = sorted(spec.env for spec in FLAG_SPECS.values())
-    phase = st.one_of(
-        st.sampled_from(["1", "2", "3", "4", "5", "0", "6", "-1", "x", "", "3.0", "1e3", "9" * 20]),
-        st.text(max_size=4),
-    )
-    options = st.lists(st.sampled_from(["--with-needs", "--cascade", "--json"]), unique=True)
-    env = st.dictionaries(
-        st.sampled_from(env_names),
-        st.one_of(
-            st.sampled_from(["1", "0", "true", "8", "-2", "zigzag", ""]), st.text(max_size=6)
-        ),
-        max_size=3,
-    )
-    return st.tuples(
-        st.sampled_from(["enable", "disable"]),
-        phase,
-        options,
-        st.one_of(st.none(), _toml_text(st)),
-        env,
-        st.booleans(),
-    )
 
 
 @functools.cache
@@ -260,12 +159,12 @@ def targets(st: Any, app: typer.Typer) -> dict[str, tuple[Any, Callable[[Any], o
         c for c in app.registered_commands if c.name in ("enable", "disable")
     ]
     return {
-        "trace": (st.tuples(_trace_text(st), st.sampled_from([1, 4, 64])), _trace_case),
-        "config": (_toml_text(st), _config_case),
-        "flags": (_cli_values(st), _flags_case),
-        "from-sglang": (_sglang_args(st), read_sglang),
-        "forward-batch": (_forward_batch(st), batch_from_forward_batch),
-        "enable-disable": (_phase_change(st), functools.partial(_phase_change_case, phases_app)),
+        "trace": (st.tuples(trace_text(st), st.sampled_from([1, 4, 64])), _trace_case),
+        "config": (toml_text(st), _config_case),
+        "flags": (cli_values(st), _flags_case),
+        "from-sglang": (sglang_args(st), read_sglang),
+        "forward-batch": (forward_batch(st), batch_from_forward_batch),
+        "enable-disable": (phase_change(st), functools.partial(_phase_change_case, phases_app)),
     }
 
 
