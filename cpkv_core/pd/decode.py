@@ -17,15 +17,15 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
-from multiprocessing.connection import Connection, Listener
 from typing import Any
 
 import numpy as np
 import torch
 
 from cpkv_core.config import IndexKDtype, ModelConfig
+from cpkv_core.pd.attempt import Attempt, AttemptState
+from cpkv_core.pd.control import ControlServer
+from cpkv_core.pd.decode_report import request_report
 from cpkv_core.pd.pack import row_bytes, row_views
 from cpkv_core.pd.protocol import (
     Alloc,
@@ -34,60 +34,21 @@ from cpkv_core.pd.protocol import (
     Done,
     ErrorReply,
     Fail,
-    Piece,
     Probe,
     ProbeEnd,
     ProbeReply,
     Report,
     ReportReply,
-    RequestReport,
-    Shutdown,
     Verdict,
 )
 from cpkv_core.pd.receive import ArenaFullError, ReceiveArena, tiling_error, unpack_pieces
-from cpkv_core.pd.tensor_data import to_data
 from cpkv_core.pd.transport import LOOPBACK, Transport
-from cpkv_core.pd.wire import MAX_REQUEST_BYTES, Message, WireError, decode, encode
-from cpkv_core.planning import BatchSpec, RequestSpec, ScheduledRequest, Scheduler
+from cpkv_core.pd.wire import Message
+from cpkv_core.planning import BatchSpec, RequestSpec, Scheduler
 from cpkv_core.runtime.reference import ReferenceModel
 
 
-class AttemptState(StrEnum):
-    """Where one transfer attempt stands."""
-
-    PENDING = "pending"
-    READY = "ready"
-    FAILED = "failed"
-
-
-@dataclass(slots=True)
-class Attempt:
-    """One attempt to receive a request; ``done`` maps rank -> the pieces it reported."""
-
-    rid: str
-    attempt: int
-    seq_len: int
-    next_token: int
-    senders: int
-    pages: int
-    deadline: float | None = None
-    """When the attempt fails unless ready: ``timeout_s`` after the first sender settled.
-    Streaming senders allocate at a request's first chunk, so the clock waits for one of
-    them to finish rather than running through the prefill."""
-    state: AttemptState = AttemptState.PENDING
-    reason: str = ""
-    done: dict[int, tuple[Piece, ...]] = field(default_factory=dict)
-    settled: set[int] = field(default_factory=set)
-    """Senders that can no longer write into this attempt's pages (Done, Fail or Await)."""
-    released: bool = False
-
-    @property
-    def key(self) -> str:
-        """The attempt's name in the decode allocator: a retry never reuses its pages."""
-        return f"{self.rid}#{self.attempt}"
-
-
-class DecodeServer:
+class DecodeServer(ControlServer):
     """Serves ``pd_protocol`` messages on a listener bound to ``host``; see the module docstring.
 
     Invariant: a request is READY only if every sender reported Done, the reported page
@@ -113,6 +74,7 @@ class DecodeServer:
         host: The address (or host name) the control listener and the transfer engine
             bind and announce (``--pd-host``); one interface, never all of them.
         """
+        super().__init__(host, authkey)
         self.model = ReferenceModel(cfg, num_pages, page_size, index_k_dtype)
         self.scheduler = Scheduler(num_pages, page_size)
         """The decode server's own scheduler: it is a separate, non-CP server."""
@@ -126,7 +88,6 @@ class DecodeServer:
         self.arena = ReceiveArena(2 * num_pages * page_size * self.token_bytes, self.transport)
         self.probes: dict[int, torch.Tensor] = {}
         """Scratch buffers of ``Probe`` by address (bench only)."""
-        self.listener = Listener((host, 0), authkey=authkey)
         self.cond = threading.Condition()
         self.attempts: dict[str, Attempt] = {}
         """The latest attempt of every rid."""
@@ -135,54 +96,11 @@ class DecodeServer:
         self.history: dict[str, list[str]] = {}
         self.decoded: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         """Decode-step outputs (last hidden, logits) of ready requests, computed once."""
-        self.stopped = threading.Event()
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """The control listener's (host, port)."""
-        host, port = self.listener.address
-        return str(host), int(port)
 
     def serve_forever(self) -> None:
-        """Accepts connections, one thread each, until a Shutdown arrives."""
-        threading.Thread(target=self._accept_loop, daemon=True).start()
-        self.stopped.wait()
+        """Serves until a Shutdown arrives, then closes the transfer engine."""
+        super().serve_forever()
         self.transport.close()
-
-    def _accept_loop(self) -> None:
-        while not self.stopped.is_set():
-            try:
-                conn = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: Connection) -> None:
-        """Answers one connection's frames in order until it closes or sends Shutdown.
-
-        A frame that does not decode gets an ``ErrorReply`` saying why and the connection
-        stays usable; a frame over ``MAX_REQUEST_BYTES`` closes it (its body is never read).
-        """
-        with conn:
-            while True:
-                try:
-                    frame = conn.recv_bytes(MAX_REQUEST_BYTES)
-                except (EOFError, OSError):
-                    return
-                try:
-                    message = decode(frame)
-                except WireError as exc:
-                    conn.send_bytes(encode(ErrorReply(f"bad frame: {exc}")))
-                    continue
-                if isinstance(message, Shutdown):
-                    conn.send_bytes(encode(None))
-                    self.stopped.set()
-                    return
-                try:
-                    reply = encode(self._dispatch(message))
-                except Exception as exc:
-                    reply = encode(ErrorReply(f"{type(exc).__name__}: {exc}"))
-                conn.send_bytes(reply)
 
     def _dispatch(self, message: Message | None) -> Message | None:
         """The reply to one request (``ErrorReply`` for a message that is not a request)."""
@@ -357,38 +275,11 @@ class DecodeServer:
 
     def _on_report(self, _: Report) -> ReportReply:
         with self.cond:
-            reports = [self._report(attempt) for attempt in self.attempts.values()]
+            reports = [
+                request_report(attempt, self.model, self.scheduler, self.decoded, self.history)
+                for attempt in self.attempts.values()
+            ]
             return ReportReply(tuple(reports), self.scheduler.allocator.num_free_pages)
-
-    def _report(self, attempt: Attempt) -> RequestReport:
-        history = "; ".join(self.history.get(attempt.rid, []))
-        scheduler = self.scheduler
-        pages = len(scheduler.page_table(attempt.key)) if attempt.key in scheduler else 0
-        if attempt.state is not AttemptState.READY:
-            state = history or f"attempt {attempt.attempt} {attempt.state}"
-            return RequestReport(attempt.rid, False, state, pages)
-        if attempt.rid not in self.decoded:
-            step = RequestSpec(attempt.key, attempt.seq_len, 1)
-            (scheduled,) = scheduler.schedule(BatchSpec(0, (step,))).requests
-            out = self.model.run_request(scheduled, [attempt.next_token])
-            self.decoded[attempt.rid] = (out.last_hidden, out.logits)
-        request = _request_view(scheduler, attempt.key)
-        locs = self.model.locs(request, 0, attempt.seq_len)
-        kv = [self.model.pool.read(layer, locs) for layer in range(len(self.model.pool.layers))]
-        rows = [t for k in kv for t in (k.latent, k.index_k.view(torch.uint8), k.index_k_scale)]
-        return RequestReport(
-            attempt.rid,
-            True,
-            history,
-            len(scheduler.page_table(attempt.key)),
-            tuple(to_data(t) for t in rows),
-            tuple(to_data(t) for t in self.decoded[attempt.rid]),
-        )
-
-
-def _request_view(scheduler: Scheduler, rid: str) -> ScheduledRequest:
-    """A scheduled-request view of what ``rid`` holds (its page table, for reads)."""
-    return ScheduledRequest(rid, 0, scheduler.seq_len(rid), scheduler.page_table(rid), 0)
 
 
 def serve_decode(

@@ -18,11 +18,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 
 import numpy as np
 
+from cpkv_core.pd.attempt import SendAttempt
 from cpkv_core.pd.pack import row_bytes, row_views
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece, Verdict
 from cpkv_core.pd.staging import process_staging, process_transport
@@ -38,31 +38,6 @@ from cpkv_core.planning.pd_pack import (
 )
 from cpkv_core.planning.tokens import token_ids
 from cpkv_core.runtime.engine import CPEngine
-
-
-@dataclass(slots=True)
-class _Attempt:
-    """One rank's side of one attempt of one request.
-
-    Threads: ``number`` and ``reply`` never change; ``cursor`` and ``sent_upto`` belong to
-    the rank's thread; ``pieces``, ``bytes_sent``, ``write_batches`` and ``failed`` are
-    written only by the writer (the writer thread, or the rank's thread with overlap off),
-    and the rank's thread reads them only after draining the writer (``failed`` also before,
-    as a hint: a stale read only queues pieces the writer then skips).
-    """
-
-    number: int
-    reply: AllocReply | None
-    """None when the decode side refused pages."""
-    cursor: int = 0
-    """Slab bytes every rank's pieces filled so far."""
-    sent_upto: int = 0
-    """Positions ``0..sent_upto-1`` are packed (by their owners)."""
-    pieces: list[Piece] = field(default_factory=list)
-    bytes_sent: int = 0
-    write_batches: list[int] = field(default_factory=list)
-    failed: bool = False
-    """This rank's write failed and it sent ``Fail``."""
 
 
 class PdSender:
@@ -102,7 +77,7 @@ class PdSender:
             self,
             target.overlap,
         )
-        self.attempts: dict[str, _Attempt] = {}
+        self.attempts: dict[str, SendAttempt] = {}
         self.errors: dict[str, list[str]] = {rid: [] for rid in final_seq_lens}
         self._batch = AFTER_TRACE
         self.broken: str | None = None
@@ -158,13 +133,13 @@ class PdSender:
     def _faults(self, attempt: int) -> PdFaults:
         return self.target.faults if attempt == 0 else PdFaults()
 
-    def _start(self, req: ScheduledRequest, number: int) -> _Attempt:
+    def _start(self, req: ScheduledRequest, number: int) -> SendAttempt:
         """Asks the decode side for pages and a slab for one attempt."""
         final = self.final_seq_lens[req.rid]
         next_token = token_ids(req.rid_key, final, self.engine.cfg.vocab_size)
         alloc = Alloc(self._remote(req.rid), number, final, next_token, self.engine.deploy.cp_size)
         reply = self._call(alloc)
-        state = _Attempt(number, reply if isinstance(reply, AllocReply) else None)
+        state = SendAttempt(number, reply if isinstance(reply, AllocReply) else None)
         if state.reply is None:
             self._error(req.rid, number, f"decode refused pages: {reply}")
         elif state.reply.row_bytes != row_bytes(self.views):
@@ -191,7 +166,7 @@ class PdSender:
     def _error(self, rid: str, attempt: int, reason: str) -> None:
         self.errors[rid].append(f"request {rid} rank {self.rank} attempt {attempt}: {reason}")
 
-    def _queue(self, req: ScheduledRequest, state: _Attempt, stop: int) -> None:
+    def _queue(self, req: ScheduledRequest, state: SendAttempt, stop: int) -> None:
         """Queues this rank's pieces of the positions in ``[state.sent_upto, stop)``."""
         if stop <= state.sent_upto:
             return
@@ -253,7 +228,7 @@ class PdSender:
         except (EOFError, OSError) as exc:
             self._break(exc)
 
-    def _report(self, rid: str, state: _Attempt) -> None:
+    def _report(self, rid: str, state: SendAttempt) -> None:
         """Reports every piece of the attempt (unless refused, failed or stalled)."""
         if state.reply is None or state.failed:
             return

@@ -20,11 +20,12 @@ import numpy as np
 import numpy.typing as npt
 
 from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy, KvWriteStrategy
-from cpkv_core.planning.ownership import local_page, owner_of_page
+from cpkv_core.planning.ownership import local_page
 from cpkv_core.planning.peer_view import PeerViewPlan, history_entries, peer_view_plan
 from cpkv_core.planning.remap import ViewPlan, slot_view_plan, unique_view_plan
 from cpkv_core.planning.scheduler import ScheduledBatch
 from cpkv_core.planning.segments import SplitSegments, build_segments
+from cpkv_core.planning.write_runs import current_pages, write_runs
 
 __all__ = ["AttendedRequest", "HostPlan", "KeySource", "build_host_plan"]
 
@@ -145,80 +146,6 @@ def _rows_before(segs: SplitSegments, lo: int, hi: int, tokens: IntArray) -> Int
 
 
 @dataclass(frozen=True, slots=True)
-class _CurrentPages:
-    """Every page a batch's current tokens touch, as runs of batch tokens."""
-
-    page: IntArray
-    g0: IntArray
-    count: IntArray
-    offset: IntArray
-    """Position in the page of the run's first token."""
-
-
-def _current_pages(
-    batch: ScheduledBatch, cu_extend: IntArray, flat: IntArray, table_cu: IntArray
-) -> _CurrentPages:
-    ps = batch.page_size
-    prefix = np.asarray(batch.prefix_lens, np.int64)
-    seq = prefix + np.asarray(batch.extend_lens, np.int64)
-    pages = np.asarray(batch.current_pages, np.int64)
-    req = np.repeat(np.arange(len(pages), dtype=np.int64), pages)
-    first = np.cumsum(pages) - pages
-    j = prefix[req] // ps + np.arange(len(req), dtype=np.int64) - first[req]
-    start = np.maximum(j * ps, prefix[req])
-    end = np.minimum((j + 1) * ps, seq[req])
-    return _CurrentPages(
-        page=flat[table_cu[req] + j],
-        g0=cu_extend[req] + start - prefix[req],
-        count=end - start,
-        offset=start - j * ps,
-    )
-
-
-def _write_runs(
-    batch: ScheduledBatch, plan: ExecutionPlan, rank: int, pages: _CurrentPages, segs: SplitSegments
-) -> dict[str, IntArray]:
-    """Per page run this rank writes: source row, pool row, logical loc, length."""
-    ps, cp = batch.page_size, batch.cp_size
-    if plan.kv_write is KvWriteStrategy.REPLICATED:
-        dest = pages.page * ps + pages.offset
-        return {
-            "write_src0": pages.g0,
-            "write_dst0": dest,
-            "write_loc0": dest,
-            "write_count": pages.count,
-        }
-    mine = owner_of_page(pages.page, cp) == rank
-    page, g0, count, offset = (
-        pages.page[mine],
-        pages.g0[mine],
-        pages.count[mine],
-        pages.offset[mine],
-    )
-    src0 = g0
-    if plan.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT:
-        if segs.replicated:
-            raise RuntimeError(
-                f"batch {batch.batch}: a direct write under the none split, indicates a bug in "
-                "the gate (phase 5 needs a split)"
-            )
-        ranks, src0 = segs.rank_of_tokens(g0)
-        local = int(segs.num_local[rank])
-        if not (ranks == rank).all() or int(count.sum()) != local:
-            raise RuntimeError(
-                f"batch {batch.batch}: rank {rank} computes tokens on pages it does not own, "
-                "indicates a bug in the gate (OWNER_MISMATCH must fall back)"
-            )
-    dest = local_page(page, cp) * ps + offset
-    return {
-        "write_src0": src0,
-        "write_dst0": dest,
-        "write_loc0": page * ps + offset,
-        "write_count": count,
-    }
-
-
-@dataclass(frozen=True, slots=True)
 class _Read:
     source: KeySource
     view: ViewPlan | None
@@ -322,7 +249,7 @@ def build_host_plan(
         for i, k0, k1 in zip(attended_index, key_cu[:-1], key_cu[1:], strict=True)
     )
     read = _read(batch, plan, rank, flat, peer_read, history_view)
-    writes = _write_runs(batch, plan, rank, _current_pages(batch, cu_extend, flat, table_cu), segs)
+    writes = write_runs(batch, plan, rank, current_pages(batch, cu_extend, flat, table_cu), segs)
     last_tokens = cu_extend[1:] - 1
     last_ranks, last_rows, local_last = _last_tokens(segs, rank, last_tokens)
     buffer, fields = _pack(

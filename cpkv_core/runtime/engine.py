@@ -12,7 +12,6 @@ no device value on the host, so it runs on CPU, CUDA and ``meta`` alike.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,7 +24,6 @@ from cpkv_core.planning import (
     HostPlan,
     KeySource,
     KvLayout,
-    OutputStrategy,
     ScheduledBatch,
     ScheduledRequest,
     build_host_plan,
@@ -34,13 +32,13 @@ from cpkv_core.planning import (
 from cpkv_core.runtime.debug_checks import DebugChecks
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
 from cpkv_core.runtime.faults import Fault
+from cpkv_core.runtime.gather import COLLECTORS, all_gather_tokens
 from cpkv_core.runtime.history_views import HistoryViews
 from cpkv_core.runtime.kv_access import MATERIALIZE_TAG, key_source, write_rows
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, SavedRows
+from cpkv_core.runtime.local_attention import attend_local
 from cpkv_core.runtime.model import (
     ModelWeights,
-    Projections,
-    attend_request,
     embed,
     finish_layer,
     init_weights,
@@ -242,7 +240,7 @@ class CPEngine:
             hidden = finish_layer(layer, hidden, attn)
         if views is not None:
             self.exposed_materialize_seconds += views.exposed_seconds
-        last_hidden = COLLECTORS[host.strategies.output](self, hidden, host, tensors)
+        last_hidden = COLLECTORS[host.strategies.output](self.comm, hidden, host, tensors)
         normed, logits = lm_head(self.weights, last_hidden)
         return StepOutput(torch.stack(topk_per_layer), normed, logits)
 
@@ -294,19 +292,8 @@ class CPEngine:
     def all_gather_tokens(
         self, local: Tensor, host: HostPlan, tensors: BatchTensors, tag: str
     ) -> Tensor:
-        """All-gathers per-token rows into batch order.
-
-        Args:
-            local: ``[n_local, ...]`` this rank's rows, in local order.
-
-        Returns:
-            ``[num_tokens, ...]`` every rank's rows, in batch order.
-        """
-        pad_rows = host.max_local - host.num_local
-        if pad_rows:
-            local = torch.cat([local, local.new_zeros((pad_rows, *local.shape[1:]))])
-        stacked = self.comm.all_gather(local, tag)  # [cp_size, max_local, ...]
-        return stacked.flatten(0, 1).index_select(0, tensors.gather_index)
+        """``gather.all_gather_tokens`` over this rank's group (``[num_tokens, ...]``)."""
+        return all_gather_tokens(self.comm, local, host, tensors, tag)
 
     def _gather_current(self, own: KVRows, host: HostPlan, tensors: BatchTensors) -> KVRows:
         return KVRows(
@@ -316,85 +303,3 @@ class CPEngine:
                 own.index_k_scale, host, tensors, "current_index_k"
             ),
         )
-
-
-def attend_local(
-    cfg: ModelConfig, proj: Projections, host: HostPlan, tensors: BatchTensors, keys: KVRows
-) -> tuple[Tensor, Tensor]:
-    """Top-k and sparse attention for this rank's queries, request by request.
-
-    A request's local rows are contiguous (a rank's tokens ascend in batch order), so the
-    per-request outputs concatenate into local order.
-
-    Returns:
-        ``(attn [n_local, num_heads * kv_lora_rank], topk [n_local, index_topk])``.
-    """
-    if not host.attended:
-        q = proj.q
-        return q.new_zeros(0, cfg.num_heads * cfg.kv_lora_rank), torch.full(
-            (0, cfg.index_topk), -1, dtype=torch.int64, device=q.device
-        )
-    attn, topk = [], []
-    for req in host.attended:
-        req_keys = keys.select(tensors.key_rows[req.key_start : req.key_end])
-        attn_r, topk_r = attend_request(
-            cfg,
-            proj.between(req.row_start, req.row_end),
-            tensors.local_positions[req.row_start : req.row_end],
-            req_keys.latent,
-            req_keys.index_k,
-            req_keys.index_k_scale,
-        )
-        attn.append(attn_r)
-        topk.append(topk_r)
-    return torch.cat(attn), torch.cat(topk)
-
-
-def collect_full_gather(
-    engine: CPEngine, hidden: Tensor, host: HostPlan, tensors: BatchTensors
-) -> Tensor:
-    """Phase 0: all-gather every token's hidden state, then keep each request's last token.
-
-    Returns:
-        ``[bs, hidden]`` last-token hidden states, identical on every rank.
-    """
-    full = engine.all_gather_tokens(hidden, host, tensors, "tail_hidden")  # [num_tokens, h]
-    return full.index_select(0, tensors.last_token_indices)
-
-
-def collect_narrow_last_token(
-    engine: CPEngine, hidden: Tensor, host: HostPlan, tensors: BatchTensors
-) -> Tensor:
-    """Phase 1: each rank contributes ``[bs, hidden]`` holding the last-token states it
-    computed (zeros elsewhere); after the gather each request's row comes from its last
-    token's rank.
-
-    Returns:
-        ``[bs, hidden]`` last-token hidden states, identical on every rank.
-    """
-    bs = host.bs
-    contribution = hidden.new_zeros(bs, hidden.shape[1]).index_copy_(
-        0, tensors.local_last_requests, hidden.index_select(0, tensors.local_last_rows)
-    )
-    gathered = engine.comm.all_gather(contribution, "tail_hidden")  # [cp_size, bs, hidden]
-    rows = tensors.last_token_ranks * bs + torch.arange(bs, device=hidden.device)
-    return gathered.flatten(0, 1).index_select(0, rows)
-
-
-def collect_local_last_token(
-    engine: CPEngine, hidden: Tensor, host: HostPlan, tensors: BatchTensors
-) -> Tensor:
-    """The none split: this rank computed every token, so it picks each request's last-token
-    state from its own rows and gathers nothing.
-
-    Returns:
-        ``[bs, hidden]`` last-token hidden states, identical on every rank.
-    """
-    return hidden.index_select(0, tensors.last_token_indices)
-
-
-COLLECTORS: dict[OutputStrategy, Callable[[CPEngine, Tensor, HostPlan, BatchTensors], Tensor]] = {
-    OutputStrategy.FULL_GATHER: collect_full_gather,
-    OutputStrategy.NARROW_LAST_TOKEN: collect_narrow_last_token,
-    OutputStrategy.LOCAL_LAST_TOKEN: collect_local_last_token,
-}
