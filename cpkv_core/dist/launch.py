@@ -216,7 +216,9 @@ def _collect(
             if comm_mod.COLLECTIVE_TIMEOUT in payload:
                 culprits = _stalled_peers(results, procs, done, rank)
             else:
-                culprits = [f"{d} before reporting a result" for d in _dead_peers(procs, done, rank)]
+                culprits = [
+                    f"{d} before reporting a result" for d in _dead_peers(procs, done, rank)
+                ]
             first = f"{'; '.join(culprits)}; then " if culprits else ""
             raise RuntimeError(f"{first}rank {rank} failed:\n{payload}")
         else:
