@@ -15,6 +15,9 @@ app = typer.Typer(
     help="Shard the KV cache of context-parallel prefill, phase by phase.",
     no_args_is_help=True,
     add_completion=False,
+    # NOTE: click's plain help: option names are never cut at 80 columns and flags show no
+    # value type (rich's panels cut long names with "…" and show "--help <bool>").
+    rich_markup_mode=None,
 )
 
 COMMANDS = (verify, explain, phase_command, bench, demo, pd, fuzz, flag_commands, plan, trace, docs)
