@@ -264,6 +264,7 @@ class PageBalance:
 
     level: int
     pages_by_rank: tuple[int, ...]
+    """Pages in use that each rank's pool stores, rank 0 first."""
 
     @property
     def max_over_min(self) -> float:

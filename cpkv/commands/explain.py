@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from cpkv.commands.options import (
+    GATE_OPTIONS,
     JsonOpt,
     RunOptions,
     TraceArg,
@@ -41,7 +42,7 @@ KilledOpt = Annotated[
 ]
 
 
-@takes_run_options("phases", "config", "cp_size", "page_size", "cp_mode", "cp_min_tokens")
+@takes_run_options(*GATE_OPTIONS)
 def explain_command(
     trace_path: TraceArg,
     run: RunOptions,

@@ -171,24 +171,42 @@ class RunOptions:
             ValueError: a malformed config, environment variable, option or phase list.
             BadInput: a malformed ``--inject-fault``.
         """
-        settings = resolve_run(
-            self.config,
-            self.phases,
-            self.cp_size,
-            self.page_size,
-            self.cp_mode,
-            self.index_k_dtype,
-            cp_min_tokens=self.cp_min_tokens,
-            shadow_rate=self.shadow_rate,
-            batch_timeout_s=self.batch_timeout_s,
-            launcher=self.launcher,
-            pd_host=self.pd_host,
-            materialize=self.materialize,
-            materialize_prefetch=self.materialize_prefetch,
-        )
+        given = {
+            "attn_cp_size": self.cp_size,
+            "page_size": self.page_size,
+            "nsa_prefill_cp_mode": self.cp_mode,
+            "nsa_prefill_cp_min_tokens": self.cp_min_tokens,
+            "shadow_rate": self.shadow_rate,
+            "batch_timeout_s": self.batch_timeout_s,
+            "launcher": self.launcher,
+            "pd_host": self.pd_host,
+            "materialize": self.materialize,
+            "materialize_prefetch": self.materialize_prefetch,
+        }
+        settings = resolve_run(self.config, self.phases, given, self.index_k_dtype)
         fault = parse_fault(self.inject_fault)
         return dataclasses.replace(settings, device=str(self.device), fault=fault)
 
+
+GATE_OPTIONS = ("phases", "config", "cp_size", "page_size", "cp_mode", "cp_min_tokens")
+"""What the gate decides a trace with: the run options of ``explain``."""
+READ_OPTIONS = ("materialize", "materialize_prefetch")
+"""How sharded reads build their view."""
+GUARD_OPTIONS = ("shadow_rate", "inject_fault", "batch_timeout_s")
+"""What guards a live run: shadow checks, a game-day fault, the batch timeout."""
+VERIFY_OPTIONS = (
+    *GATE_OPTIONS,
+    *READ_OPTIONS,
+    "backend",
+    "model_name",
+    "index_k_dtype",
+    "device",
+    *GUARD_OPTIONS,
+    "launcher",
+)
+"""The run options of ``cpkv verify``, in the order its help lists them."""
+PD_OPTIONS = (*GATE_OPTIONS, *READ_OPTIONS, "device", *GUARD_OPTIONS, "pd_host")
+"""The run options of ``cpkv pd``, in the order its help lists them."""
 
 Command = TypeVar("Command", bound=Callable[..., None])
 

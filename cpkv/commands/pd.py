@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from cpkv.commands.options import JsonOpt, RunOptions, TraceArg, takes_run_options
+from cpkv.commands.options import PD_OPTIONS, JsonOpt, RunOptions, TraceArg, takes_run_options
 from cpkv.commands.shared import dry_run_exit, run_pd_job
 from cpkv.common.console import BadInput, bad_input_exits, emit, out
 from cpkv.common.devices import Device, check_device
@@ -15,22 +15,6 @@ from cpkv.render.reports import render_pd
 from cpkv.run.launchers import refuse_torchrun
 from cpkv_core.traces import load_trace
 
-PD_OPTIONS = (
-    "phases",
-    "config",
-    "cp_size",
-    "page_size",
-    "cp_mode",
-    "cp_min_tokens",
-    "materialize",
-    "materialize_prefetch",
-    "device",
-    "shadow_rate",
-    "inject_fault",
-    "batch_timeout_s",
-    "pd_host",
-)
-"""The run options of ``cpkv pd``, in the order its help lists them."""
 TimeoutOpt = Annotated[
     float,
     typer.Option(

@@ -10,7 +10,7 @@ from typing import NoReturn
 
 import typer
 
-from cpkv.commands.options import JsonOpt, RunOptions, TraceArg, takes_run_options
+from cpkv.commands.options import VERIFY_OPTIONS, JsonOpt, RunOptions, TraceArg, takes_run_options
 from cpkv.commands.shared import dry_run_exit, run_verify, runnable_model
 from cpkv.common.console import bad_input_exits, emit, out
 from cpkv.common.devices import Device, check_device
@@ -22,26 +22,6 @@ from cpkv.run.runner import run_jobs_in_group
 from cpkv.run.verify import VerifyReport, verify_job, verify_runs
 from cpkv_core.dist import TorchrunEnv, TorchrunGroup
 from cpkv_core.traces import load_trace
-
-VERIFY_OPTIONS = (
-    "phases",
-    "config",
-    "cp_size",
-    "page_size",
-    "cp_mode",
-    "cp_min_tokens",
-    "materialize",
-    "materialize_prefetch",
-    "backend",
-    "model_name",
-    "index_k_dtype",
-    "device",
-    "shadow_rate",
-    "inject_fault",
-    "batch_timeout_s",
-    "launcher",
-)
-"""The run options of ``cpkv verify``, in the order its help lists them."""
 
 
 @takes_run_options(*VERIFY_OPTIONS)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, Launcher, MaterializeMode
+from cpkv_core.config import DeploymentConfig, IndexKDtype, Launcher
 from cpkv_core.runtime import Fault
 from flags import FlagError, ProblemCode, check_flags, resolve_flags
 from phases.gate import levels_of
@@ -65,42 +66,21 @@ class RunSettings:
 def resolve_run(
     config: Path | None,
     phases: str | None,
-    cp_size: int | None,
-    page_size: int | None,
-    cp_mode: CpMode | None,
+    given: Mapping[str, object],
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
-    cp_min_tokens: int | None = None,
-    shadow_rate: float | None = None,
-    batch_timeout_s: float | None = None,
-    launcher: Launcher | None = None,
-    pd_host: str | None = None,
-    materialize: MaterializeMode | None = None,
-    materialize_prefetch: bool | None = None,
 ) -> RunSettings:
     """Flag sources (defaults < config < environment) < the command's options.
 
-    ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set;
-    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``; ``launcher`` is ``--launcher``;
-    ``pd_host`` is ``--pd-host``; ``materialize`` is ``--materialize`` and
-    ``materialize_prefetch`` ``--materialize-prefetch``.
+    ``given`` maps flag names (``page_size``, ``nsa_prefill_cp_mode``, ...) to the command's
+    values, None where it leaves a flag alone; ``attn_cp_size`` (``--cp-size``) turns CP on
+    for the run. ``phases`` (``--phases``) replaces the enabled set.
 
     Raises:
         ValueError: a malformed config, environment variable, option or phase list.
     """
-    given: dict[str, object] = {
-        "page_size": page_size,
-        "nsa_prefill_cp_mode": cp_mode,
-        "nsa_prefill_cp_min_tokens": cp_min_tokens,
-        "shadow_rate": shadow_rate,
-        "batch_timeout_s": batch_timeout_s,
-        "launcher": launcher,
-        "pd_host": pd_host,
-        "materialize": materialize,
-        "materialize_prefetch": materialize_prefetch,
-    }
     cli = {flag: value for flag, value in given.items() if value is not None}
-    if cp_size is not None:
-        cli |= {"attn_cp_size": cp_size, "enable_nsa_prefill_context_parallel": True}
+    if "attn_cp_size" in cli:
+        cli["enable_nsa_prefill_context_parallel"] = True
     flags = resolve_flags(config, cli).flags
     bad_values = [p for p in check_flags(flags) if p.code in VALUE_PROBLEMS]
     if bad_values:

@@ -18,7 +18,7 @@ charged as ``ceil(params / 16384) * 4`` bytes on each rank's shard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from cpkv_core.config import ModelConfig, WeightDtype, WeightSpec
@@ -52,13 +52,7 @@ class ParallelLayout:
 
     def to_json(self) -> dict[str, int]:
         """The sizes, and the attention TP size they leave."""
-        return {
-            "tp_size": self.tp_size,
-            "ep_size": self.ep_size,
-            "dp_attention": self.dp_attention,
-            "cp_size": self.cp_size,
-            "attn_tp_size": self.attn_tp_size,
-        }
+        return asdict(self) | {"attn_tp_size": self.attn_tp_size}
 
 
 def parallel_layout(tp_size: int, ep_size: int, dp_attention: int, cp_size: int) -> ParallelLayout:
@@ -116,6 +110,7 @@ class RankWeights:
     dtype: WeightDtype
     """Dtype of the linear layers."""
     groups: tuple[WeightGroup, ...]
+    """Embeddings, attention, dense MLP, experts, head: each with its split and bytes."""
 
     @property
     def bytes_per_rank(self) -> int:

@@ -85,6 +85,7 @@ class DryRunReport:
 
     cp_size: int
     levels: tuple[LevelDryRun, ...]
+    """Level 0 up to the highest enabled phase, each on its own in-process group."""
 
     @property
     def ok(self) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from cpkv_core.planning import BatchSpec
@@ -27,13 +27,7 @@ class PhaseShare:
 
     def to_json(self) -> dict[str, Any]:
         """The share as in ``cpkv explain --json``'s summary."""
-        return {
-            "phase": self.phase,
-            "batches": self.batches,
-            "tokens": self.tokens,
-            "batch_share": self.batch_share,
-            "token_share": self.token_share,
-        }
+        return asdict(self)
 
 
 CP_OFF_KEY = -1

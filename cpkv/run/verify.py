@@ -51,6 +51,7 @@ class LevelReport:
 
     level: int
     rows: tuple[BatchRow, ...]
+    """One row per batch of the trace, in order."""
 
     @property
     def ok(self) -> bool:
