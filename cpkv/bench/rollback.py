@@ -117,16 +117,8 @@ class RollbackBatch:
 
     def to_json(self) -> dict[str, Any]:
         """One row of ``rollback.levels[].batches``."""
-        return {
-            "batch": self.batch,
-            "phase": self.phase,
-            "tokens": self.tokens,
-            "saved_rows_by_rank": list(self.saved_rows_by_rank),
-            "saved_bytes_by_rank": list(self.saved_bytes_by_rank),
-            "save_seconds": self.save_seconds,
-            "step_seconds": self.step_seconds,
-            "save_over_step": self.save_over_step,
-        }
+        fields = {k: v for k, v in asdict(self).items() if k != "level"}
+        return fields | {"save_over_step": self.save_over_step}
 
 
 def _batch_row(level: int, step: LoopStep, pieces: Sequence[RankSample]) -> RollbackBatch:

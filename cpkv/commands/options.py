@@ -31,6 +31,14 @@ from cpkv_core.config import CpMode, IndexKDtype, Launcher, MaterializeMode
 if TYPE_CHECKING:
     from cpkv.plots import Written
 
+
+def flag_option(names: str, text: str, default: str | None, metavar: str | None = None) -> Any:
+    """The ``typer.Option`` of a run option that overrides a flag: ``text``, then that the flags
+    give the default (``default``, when one is named)."""
+    source = "the flags" if default is None else f"the flags ({default})"
+    return typer.Option(names, metavar=metavar, help=f"{text} Default: {source}.")
+
+
 TraceArg = Annotated[Path, typer.Argument(metavar="TRACE", help="Trace file (JSON Lines).")]
 ConfigOpt = Annotated[
     Path | None,
@@ -46,39 +54,36 @@ PhasesOpt = Annotated[
     ),
 ]
 CpSizeOpt = Annotated[
-    int | None,
-    typer.Option("--cp-size", help="CP ranks; turns CP on for the run. Default: the flags (1)."),
+    int | None, flag_option("--cp-size", "CP ranks; turns CP on for the run.", "1")
 ]
-PageSizeOpt = Annotated[
-    int | None, typer.Option("--page-size", help="Tokens per KV page. Default: the flags (64).")
-]
+PageSizeOpt = Annotated[int | None, flag_option("--page-size", "Tokens per KV page.", "64")]
 CpModeOpt = Annotated[
-    CpMode | None,
-    typer.Option("--cp-mode", help="How current tokens are split. Default: the flags."),
+    CpMode | None, flag_option("--cp-mode", "How current tokens are split.", None)
 ]
 CpMinTokensOpt = Annotated[
     int | None,
-    typer.Option(
+    flag_option(
         "--nsa-prefill-cp-min-tokens",
+        "Batches with fewer current tokens run unsplit (CP off for them); 0: always split.",
+        "0",
         metavar="N",
-        help="Batches with fewer current tokens run unsplit (CP off for them); 0: always "
-        "split. Default: the flags (0).",
     ),
 ]
 MaterializeOpt = Annotated[
     MaterializeMode | None,
-    typer.Option(
+    flag_option(
         "--materialize",
-        help="How sharded reads build their view: gather (a collective) or peer-read (owners' "
-        "pools in shared memory, ranks on one host). Default: the flags (gather).",
+        "How sharded reads build their view: gather (a collective) or peer-read (owners' "
+        "pools in shared memory, ranks on one host).",
+        "gather",
     ),
 ]
 PrefetchOpt = Annotated[
     bool | None,
-    typer.Option(
+    flag_option(
         "--materialize-prefetch/--no-materialize-prefetch",
-        help="Fetch layer l+1's history view while layer l computes (a second view buffer). "
-        "Default: the flags (off).",
+        "Fetch layer l+1's history view while layer l computes (a second view buffer).",
+        "off",
     ),
 ]
 BackendOpt = Annotated[
@@ -93,11 +98,12 @@ DeviceOpt = Annotated[
 ]
 BatchTimeoutOpt = Annotated[
     float | None,
-    typer.Option(
+    flag_option(
         "--batch-timeout-s",
+        "Seconds a batch's collective waits for a stalled rank; then the run stops, naming "
+        "the rank and the batch.",
+        "60",
         metavar="SECONDS",
-        help="Seconds a batch's collective waits for a stalled rank; then the run stops, "
-        "naming the rank and the batch. Default: the flags (60).",
     ),
 ]
 IndexDtypeOpt = Annotated[
@@ -122,20 +128,20 @@ FaultOpt = Annotated[
 ]
 LauncherOpt = Annotated[
     Launcher | None,
-    typer.Option(
+    flag_option(
         "--launcher",
-        help="What starts the CP ranks: spawn (here), torchrun (this process is one rank, "
-        "env:// rendezvous, across machines), auto (torchrun when run under it). Default: "
-        "the flags (auto).",
+        "What starts the CP ranks: spawn (here), torchrun (this process is one rank, env:// "
+        "rendezvous, across machines), auto (torchrun when run under it).",
+        "auto",
     ),
 ]
 PdHostOpt = Annotated[
     str | None,
-    typer.Option(
+    flag_option(
         "--pd-host",
+        "Address the decode server listens on and is reached at.",
+        "127.0.0.1",
         metavar="HOST",
-        help="Address the decode server listens on and is reached at. Default: the flags "
-        "(127.0.0.1).",
     ),
 ]
 

@@ -94,13 +94,8 @@ class WeightGroup:
 
     def to_json(self) -> dict[str, Any]:
         """The group as in ``cpkv plan --json``."""
-        return {
-            "group": self.name,
-            "params": self.params,
-            "split": self.split,
-            "dtype": str(self.dtype),
-            "bytes_per_rank": self.bytes_per_rank,
-        }
+        fields = asdict(self)
+        return {"group": fields.pop("name")} | fields | {"dtype": str(self.dtype)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cpkv.bench.report import BenchReport
-from cpkv.render.cells import human_bytes
+from cpkv.render.cells import figure_table, human_bytes
 from cpkv.render.cp_off import render_cp_off
 from cpkv.render.peer_read import render_overlap, render_peer_read
 from cpkv.render.rollback import render_rollback
@@ -15,15 +15,14 @@ from cpkv.render.rollback import render_rollback
 
 def render_bench(console: Console, report: BenchReport) -> None:
     """Each figure as a table."""
-    gate = Table(title="gate decision time per batch (median)")
-    gate.add_column("bs", justify="right")
-    gate.add_column("us / batch", justify="right")
+    gate = figure_table("gate decision time per batch (median)", ("bs", "us / batch"))
     for timing in report.gate:
         gate.add_row(str(timing.bs), f"{timing.microseconds_per_batch:.1f}")
     console.print(gate)
-    plans = Table(title="host plan of one rank per batch (median), page 64")
-    for name in ("requests", "history/request", "page entries", "phase", "us / batch", "us / page"):
-        plans.add_column(name, justify="right")
+    plans = figure_table(
+        "host plan of one rank per batch (median), page 64",
+        ("requests", "history/request", "page entries", "phase", "us / batch", "us / page"),
+    )
     for plan in report.host_plan:
         plans.add_row(
             str(plan.requests),
@@ -34,9 +33,10 @@ def render_bench(console: Console, report: BenchReport) -> None:
             f"{plan.microseconds_per_page:.3f}",
         )
     console.print(plans)
-    tail = Table(title="phase 1: tail bytes gathered per rank, one batch (tiny model)")
-    for name in ("cp_size", "mode", "bs", "tokens", "full gather", "narrow", "narrow/full"):
-        tail.add_column(name, justify="right")
+    tail = figure_table(
+        "phase 1: tail bytes gathered per rank, one batch (tiny model)",
+        ("cp_size", "mode", "bs", "tokens", "full gather", "narrow", "narrow/full"),
+    )
     for tail_row in report.tail_bytes:
         tail.add_row(
             str(tail_row.cp_size),
@@ -48,16 +48,17 @@ def render_bench(console: Console, report: BenchReport) -> None:
             f"{tail_row.ratio:.4f}",
         )
     console.print(tail)
-    share = Table(title="phase 2: persistent KV per rank after the trace")
-    for name in (
-        "cp_size",
-        "replicated",
-        "sharded (max rank)",
-        "fraction",
-        "1/cp",
-        "within 1 page/req",
-    ):
-        share.add_column(name, justify="right")
+    share = figure_table(
+        "phase 2: persistent KV per rank after the trace",
+        (
+            "cp_size",
+            "replicated",
+            "sharded (max rank)",
+            "fraction",
+            "1/cp",
+            "within 1 page/req",
+        ),
+    )
     for kv in report.kv_share:
         share.add_row(
             str(kv.cp_size),
@@ -68,9 +69,10 @@ def render_bench(console: Console, report: BenchReport) -> None:
             "yes" if kv.within_target else "[red]no[/red]",
         )
     console.print(share)
-    mat = Table(title="materialized bytes per batch, rank 0 (level 2 vs level 3)")
-    for name in ("batch", "history", "level 2", "level 3"):
-        mat.add_column(name, justify="right")
+    mat = figure_table(
+        "materialized bytes per batch, rank 0 (level 2 vs level 3)",
+        ("batch", "history", "level 2", "level 3"),
+    )
     for m in report.materialized:
         mat.add_row(
             str(m.batch),
@@ -79,22 +81,25 @@ def render_bench(console: Console, report: BenchReport) -> None:
             human_bytes(m.level3_bytes),
         )
     console.print(mat)
-    remaps = Table(title="slot vs unique remap: view buffer (one layer) and plan+materialize time")
-    for name in ("batch", "remap", "view bytes", "us (median)"):
-        remaps.add_column(name, justify="right")
+    remaps = figure_table(
+        "slot vs unique remap: view buffer (one layer) and plan+materialize time",
+        ("batch", "remap", "view bytes", "us (median)"),
+    )
     for r in report.remaps:
         remaps.add_row(r.batch, r.remap, human_bytes(r.view_bytes), f"{r.microseconds:.0f}")
     console.print(remaps)
     console.print(_write_path_table(report))
-    balance = Table(title="pages stored per rank after the trace (owner-aware allocation at 5)")
-    for name in ("level", "pages by rank", "max/min"):
-        balance.add_column(name, justify="right")
+    balance = figure_table(
+        "pages stored per rank after the trace (owner-aware allocation at 5)",
+        ("level", "pages by rank", "max/min"),
+    )
     for b in report.page_balance:
         balance.add_row(str(b.level), " ".join(map(str, b.pages_by_rank)), f"{b.max_over_min:.2f}")
     console.print(balance)
-    steps = Table(title=f"end-to-end prefill of the trace, {report.step_time_cp_size} gloo ranks")
-    for name in ("level", "seconds (median)", "ratio to level 0"):
-        steps.add_column(name, justify="right")
+    steps = figure_table(
+        f"end-to-end prefill of the trace, {report.step_time_cp_size} gloo ranks",
+        ("level", "seconds (median)", "ratio to level 0"),
+    )
     for t in report.step_time:
         steps.add_row(str(t.level), f"{t.seconds:.3f}", f"{t.ratio_to_level0:.2f}")
     console.print(steps)
@@ -102,21 +107,19 @@ def render_bench(console: Console, report: BenchReport) -> None:
     render_peer_read(console, report.peer_read, report.step_time_cp_size)
     render_overlap(console, report.overlap)
     render_rollback(console, report.rollback)
-    pd = Table(
-        title=f"PD: bytes each prefill rank sent for the trace (Mooncake, loopback; "
-        f"{report.pd.model}, {report.pd.row_bytes_per_token} B per token)"
+    pd = figure_table(
+        f"PD: bytes each prefill rank sent for the trace (Mooncake, loopback; "
+        f"{report.pd.model}, {report.pd.row_bytes_per_token} B per token)",
+        (
+            "level",
+            "bytes by rank",
+            "writes by rank",
+            "busiest share",
+            "MiB/s",
+            "large write",
+            "ceiling",
+        ),
     )
-    names = (
-        "level",
-        "bytes by rank",
-        "writes by rank",
-        "busiest share",
-        "MiB/s",
-        "large write",
-        "ceiling",
-    )
-    for name in names:
-        pd.add_column(name, justify="right")
     for sent in report.pd.levels:
         pd.add_row(
             str(sent.level),

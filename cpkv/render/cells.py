@@ -101,6 +101,14 @@ def plan_words(plan: ExecutionPlan) -> str:
     return "/".join(PLAN_WORDS.get(str(n), str(n)) for n in names)
 
 
+def figure_table(title: str, columns: Iterable[str]) -> Table:
+    """A table of figures: one right-aligned column per name of ``columns``."""
+    table = Table(title=title)
+    for name in columns:
+        table.add_column(name, justify="right")
+    return table
+
+
 def batch_table(title: str, numeric: Sequence[str], text: Sequence[str]) -> Table:
     """A borderless table: right-aligned ``numeric`` columns that never wrap, then ``text``
     columns; the last one wraps at spaces when the console is narrow. No header is cut."""

@@ -4,19 +4,17 @@ batches below the minimum, then step time on/off by batch size with the break-ev
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from cpkv.bench.cp_off import CpOffFigure
-from cpkv.render.cells import short_bytes
+from cpkv.render.cells import figure_table, short_bytes
 
 
 def render_cp_off(console: Console, figure: CpOffFigure) -> None:
     """Bytes per batch below the minimum (CP on -> off), then the timed sizes."""
-    table = Table(
-        title=f"CP off: rank 0 bytes of batches below {figure.min_tokens} tokens, on -> off"
+    table = figure_table(
+        f"CP off: rank 0 bytes of batches below {figure.min_tokens} tokens, on -> off",
+        ("level", "batch", "tokens", "phase", "current gather", "tail", "materialize"),
     )
-    for name in ("level", "batch", "tokens", "phase", "current gather", "tail", "materialize"):
-        table.add_column(name, justify="right")
     rows = {(r.level, r.batch, r.cp): r for r in figure.bytes}
     for level, batch, cp in rows:
         if cp != "on":
@@ -32,12 +30,11 @@ def render_cp_off(console: Console, figure: CpOffFigure) -> None:
             f"{short_bytes(on.materialize)}->{short_bytes(off.materialize)}",
         )
     console.print(table)
-    times = Table(
-        title=f"CP on vs off: one batch at level {figure.time_level}, {figure.cp_size} gloo "
-        "ranks, slowest rank (median)"
+    times = figure_table(
+        f"CP on vs off: one batch at level {figure.time_level}, {figure.cp_size} gloo "
+        "ranks, slowest rank (median)",
+        ("tokens", "requests", "CP on s", "CP off s", "on/off"),
     )
-    for name in ("tokens", "requests", "CP on s", "CP off s", "on/off"):
-        times.add_column(name, justify="right")
     for row in figure.times:
         times.add_row(
             str(row.tokens),

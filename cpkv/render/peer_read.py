@@ -6,29 +6,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console
-from rich.table import Table
 
 from cpkv.bench.overlap import OverlapFigure
 from cpkv.bench.peer_read import PeerReadBatch
+from cpkv.render.cells import figure_table
 
 
 def render_peer_read(console: Console, rows: Sequence[PeerReadBatch], cp_size: int) -> None:
     """One line per batch: history, collective and copied bytes of both modes, time ratio."""
-    table = Table(
-        title=f"level 2 materialization on {cp_size} gloo ranks: gather vs peer-read (rank 0)"
+    table = figure_table(
+        f"level 2 materialization on {cp_size} gloo ranks: gather vs peer-read (rank 0)",
+        (
+            "batch",
+            "history tok",
+            "collective B gather",
+            "collective B peer",
+            "view gather B gather",
+            "view gather B peer",
+            "copied B gather",
+            "copied B peer",
+            "time gather/peer",
+        ),
     )
-    for name in (
-        "batch",
-        "history tok",
-        "collective B gather",
-        "collective B peer",
-        "view gather B gather",
-        "view gather B peer",
-        "copied B gather",
-        "copied B peer",
-        "time gather/peer",
-    ):
-        table.add_column(name, justify="right")
     for row in rows:
         gather, peer = row.gather_collective_bytes, row.peer_read_collective_bytes
         table.add_row(
@@ -47,12 +46,11 @@ def render_peer_read(console: Console, rows: Sequence[PeerReadBatch], cp_size: i
 
 def render_overlap(console: Console, figure: OverlapFigure) -> None:
     """Exposed materialization and step time of the trace, without and with prefetch."""
-    table = Table(
-        title=f"level 2 gather on {figure.cp_size} gloo ranks, {figure.batches} batches: "
-        "exposed materialization without vs with prefetch (median)"
+    table = figure_table(
+        f"level 2 gather on {figure.cp_size} gloo ranks, {figure.batches} batches: "
+        "exposed materialization without vs with prefetch (median)",
+        ("prefetch", "exposed s", "step s"),
     )
-    for name in ("prefetch", "exposed s", "step s"):
-        table.add_column(name, justify="right")
     for label, exposed, step in zip(
         ("off", "on"), figure.exposed_seconds, figure.step_seconds, strict=True
     ):

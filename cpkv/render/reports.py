@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from cpkv.render.cells import figure_table
 from cpkv.run.dry_run import DryRunReport
 from cpkv.run.explain import ExplainReport
 from cpkv.run.pd_check import PdReport
@@ -53,9 +54,10 @@ def render_phases(console: Console, rows: list[dict[str, Any]]) -> None:
 
 def render_pd(console: Console, report: PdReport) -> None:
     """One row per request: ready, rebuilt KV, decode step, bytes each prefill rank sent."""
-    table = Table(title=f"PD: {report.cp_size} CP prefill ranks -> 1 non-CP decode server")
-    for name in ("rid", "level", "ready", "KV rebuilt", "decode |diff|", "KiB sent by rank"):
-        table.add_column(name, justify="right")
+    table = figure_table(
+        f"PD: {report.cp_size} CP prefill ranks -> 1 non-CP decode server",
+        ("rid", "level", "ready", "KV rebuilt", "decode |diff|", "KiB sent by rank"),
+    )
     table.add_column("errors")
     for r in report.requests:
         diff = "-" if r.decode_max_abs_diff is None else f"{r.decode_max_abs_diff:.3g}"
@@ -98,10 +100,10 @@ def render_dry_run(console: Console, report: DryRunReport) -> None:
 
 def render_phase_mix(console: Console, mix: PhaseMix, title: str) -> None:
     """One row per phase with its shares, then the fallback codes of each enabled phase."""
-    table = Table(title=f"{title}: {mix.batches} batches, {mix.tokens:,} tokens")
-    table.add_column("phase", justify="right")
-    for name in ("batches", "batch share", "tokens", "token share"):
-        table.add_column(name, justify="right")
+    table = figure_table(
+        f"{title}: {mix.batches} batches, {mix.tokens:,} tokens",
+        ("phase", "batches", "batch share", "tokens", "token share"),
+    )
     for share in mix.shares:
         table.add_row(
             str(share.phase),

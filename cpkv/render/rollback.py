@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from cpkv.bench.rollback import RollbackFigure
-from cpkv.render.cells import short_bytes
+from cpkv.render.cells import figure_table, short_bytes
 
 
 def render_rollback(console: Console, figure: RollbackFigure) -> None:
     """One line per level: save over step (median over batches), the busiest rank's saved
     bytes per batch (mean) and every rank's saved bytes over the trace; then the headline."""
-    table = Table(
-        title=f"rollback save copy vs batch time, {figure.cp_size} in-process ranks "
-        f"(save: median of {figure.repeats}, slowest rank)"
+    table = figure_table(
+        f"rollback save copy vs batch time, {figure.cp_size} in-process ranks "
+        f"(save: median of {figure.repeats}, slowest rank)",
+        ("level", "save/step (median)", "saved/batch, busiest rank", "saved, all ranks"),
     )
-    for name in ("level", "save/step (median)", "saved/batch, busiest rank", "saved, all ranks"):
-        table.add_column(name, justify="right")
     for level in figure.levels:
         summary = figure.summary(level)
         table.add_row(

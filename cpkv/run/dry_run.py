@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,21 +94,8 @@ class DryRunReport:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of a dry run (``verify --device meta --json``)."""
-        return {
-            "ok": self.ok,
-            "device": "meta",
-            "cp_size": self.cp_size,
-            "levels": [
-                {
-                    "level": lv.level,
-                    "ok": lv.ok,
-                    "batches": lv.batches,
-                    "error": lv.error,
-                    "where": lv.where,
-                }
-                for lv in self.levels
-            ],
-        }
+        levels = [{"level": lv.level, "ok": lv.ok} | asdict(lv) for lv in self.levels]
+        return {"ok": self.ok, "device": "meta", "cp_size": self.cp_size, "levels": levels}
 
 
 def _innermost_cpkv_frame(exc: BaseException) -> str | None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from cpkv.run.loop import LoopStep
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.pd import ConcurrentWrite, LargeWrite, PdTarget, SendResult, WriteStats
-from cpkv_core.planning import BatchSpec
+from cpkv_core.planning import BatchSpec, pages_for_trace
 from cpkv_core.runtime import BatchOutput, Fault, RankBatchOutput
 from phases import PhaseId
 
@@ -25,6 +26,29 @@ class Backend(StrEnum):
     """One process per rank, a real torch.distributed gloo group."""
     LOCAL = "local"
     """One thread per rank in this process, through the same communication interface."""
+
+
+class RunKnobs(Protocol):
+    """What a run sets beyond its model, deployment and trace (``RunSettings`` and ``PdJob``
+    both carry it)."""
+
+    @property
+    def enabled(self) -> frozenset[PhaseId]: ...
+
+    @property
+    def ceiling(self) -> int | None: ...
+
+    @property
+    def debug_checks(self) -> bool: ...
+
+    @property
+    def shadow_rate(self) -> float: ...
+
+    @property
+    def fault(self) -> Fault | None: ...
+
+    @property
+    def batch_timeout_s(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +140,31 @@ def final_seq_lens(batches: Sequence[BatchSpec]) -> dict[str, int]:
     for batch in batches:
         lens.update((req.rid, req.seq_len) for req in batch.requests)
     return lens
+
+
+def job_for(
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    batches: Sequence[BatchSpec],
+    levels: Sequence[int],
+    knobs: RunKnobs,
+    device: str = "cpu",
+    pd: PdTarget | None = None,
+) -> RankJob:
+    """``batches`` at ``levels`` on ``deploy`` with the run knobs of ``knobs``, and pages
+    for the whole trace."""
+    return RankJob(
+        model,
+        deploy,
+        tuple(batches),
+        tuple(levels),
+        pages_for_trace(batches, deploy.page_size, deploy.cp_size),
+        enabled=knobs.enabled,
+        ceiling=knobs.ceiling,
+        debug_checks=knobs.debug_checks,
+        pd=pd,
+        device=device,
+        shadow_rate=knobs.shadow_rate,
+        fault=knobs.fault,
+        batch_timeout_s=knobs.batch_timeout_s,
+    )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from cpkv.common.settings import RunSettings
 from cpkv.run.decode_process import DecodeServerError, start_decode
-from cpkv.run.jobs import BatchProgress, LevelRun, RankJob
+from cpkv.run.jobs import BatchProgress, LevelRun, job_for
 from cpkv.run.pd_check import PdReport, pd_results, reference_requests
 from cpkv.run.runner import run_jobs_on_gloo
 from cpkv.run.shadow import ShadowEntry, fault_phase, summarize
@@ -23,7 +23,6 @@ from cpkv_core.pd import (
 )
 from cpkv_core.planning import (
     BatchSpec,
-    pages_for_trace,
 )
 from cpkv_core.runtime import SHADOW_TAG, Fault
 from phases import PhaseId
@@ -129,18 +128,12 @@ def run_pd(
     decode = start_decode(model, first, decode_pages, timeout_s, die_on_done_of, hosts.decode)
     try:
         rank_jobs = [
-            RankJob(
+            job_for(
                 model,
                 job.deploy,
                 job.batches,
                 job.levels,
-                pages_for_trace(job.batches, job.deploy.page_size, job.deploy.cp_size),
-                enabled=job.enabled,
-                ceiling=job.ceiling,
-                debug_checks=job.debug_checks,
-                shadow_rate=job.shadow_rate,
-                fault=job.fault,
-                batch_timeout_s=job.batch_timeout_s,
+                job,
                 pd=PdTarget(
                     decode.address,
                     decode.authkey,

@@ -10,7 +10,7 @@ corrupts that phase's candidate path so an operator can watch the guard catch it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from cpkv.common.console import BadInput
@@ -95,27 +95,15 @@ class ShadowSummary:
 
     def to_json(self) -> dict[str, Any]:
         """The ``shadow`` section of ``cpkv verify --json``."""
-        return {
-            "rate": self.rate,
-            "fault": self.fault,
+        kills = [
+            asdict(k) | {"max_abs_diff": None if k.max_abs_diff == float("inf") else k.max_abs_diff}
+            for k in self.kills
+        ]
+        return asdict(self) | {
             "fault_caught": self.fault_caught,
-            "sampled": self.sampled,
-            "compared": self.compared,
-            "mismatches": self.mismatches,
             "phases_killed": sorted({k.phase for k in self.kills}),
-            "kills": [
-                {
-                    "level": k.level,
-                    "phase": k.phase,
-                    "batch": k.batch,
-                    "max_abs_diff": None if k.max_abs_diff == float("inf") else k.max_abs_diff,
-                    "what": k.what,
-                }
-                for k in self.kills
-            ],
-            "bytes": self.bytes,
+            "kills": kills,
             "seconds": round(self.seconds, 6),
-            "wrong_outputs_delivered": self.wrong_outputs_delivered,
         }
 
     def text(self) -> str:

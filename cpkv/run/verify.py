@@ -8,11 +8,11 @@ from typing import Any
 
 from cpkv.common.settings import RunSettings
 from cpkv.run.explain import plan_to_json
-from cpkv.run.jobs import Backend, BatchProgress, LevelRun, RankJob
+from cpkv.run.jobs import Backend, BatchProgress, LevelRun, RankJob, job_for
 from cpkv.run.runner import run_levels, run_reference
 from cpkv.run.shadow import ShadowEntry, ShadowSummary, fault_phase, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.planning import BatchSpec, pages_for_trace
+from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import (
     OUTPUT_ATOL,
     SHADOW_TAG,
@@ -52,6 +52,10 @@ class LevelReport:
     level: int
     rows: tuple[BatchRow, ...]
     """One row per batch of the trace, in order."""
+
+    def __post_init__(self) -> None:
+        stray = [r.batch for r in self.rows if r.level != self.level]
+        assert not stray, f"level {self.level} holds rows of other levels: batches {stray}"
 
     @property
     def ok(self) -> bool:
@@ -150,21 +154,8 @@ def verify_job(
 ) -> RankJob:
     """What every rank runs for ``cpkv verify``, whichever launcher starts the ranks:
     ``batches`` once per level (``settings.levels()`` unless ``levels`` are given)."""
-    deploy = settings.deploy
-    return RankJob(
-        model=model,
-        deploy=deploy,
-        batches=batches,
-        levels=settings.levels() if levels is None else tuple(levels),
-        num_pages=pages_for_trace(batches, deploy.page_size, deploy.cp_size),
-        enabled=settings.enabled,
-        ceiling=settings.ceiling,
-        debug_checks=settings.debug_checks,
-        device=settings.device,
-        shadow_rate=settings.shadow_rate,
-        fault=settings.fault,
-        batch_timeout_s=settings.batch_timeout_s,
-    )
+    levels = settings.levels() if levels is None else levels
+    return job_for(model, settings.deploy, batches, levels, settings, settings.device)
 
 
 def verify_runs(job: RankJob, runs: Sequence[LevelRun]) -> VerifyReport:
