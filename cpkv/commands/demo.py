@@ -40,7 +40,12 @@ CpModeOpt = Annotated[CpMode, typer.Option("--cp-mode", help="Split mode.")]
 def _demo_settings(
     deploy: DeploymentConfig, flags: FlagSet, shadow_rate: float | None, timeout: float | None
 ) -> RunSettings:
-    """Every phase on; the debug checks and the launcher from the environment's flags."""
+    """Every phase on; the debug checks and the launcher from the environment's flags, the
+    shadow rate and the batch timeout from the options when given.
+
+    Raises:
+        BadInput: a shadow rate or a batch timeout out of range.
+    """
     rate = flags.shadow_rate if shadow_rate is None else shadow_rate
     if not 0.0 <= rate <= 1.0:
         raise BadInput(f"--shadow-rate must be in 0..1, got {rate}")
