@@ -7,8 +7,10 @@ every collective under a caller-chosen tag in ``CommStats``.
 
 Byte accounting, per rank: an all-gather of a local tensor of ``B`` bytes over a group of
 ``W`` ranks records ``contributed = B`` (what this rank sends in) and ``gathered = W * B``
-(the size of the gathered result this rank holds). Object collectives used to collect
-results (``gather_objects``) are bookkeeping, not KV traffic, and are not counted.
+(the size of the gathered result this rank holds). The byte collectives that carry results
+and host metadata (``gather_bytes``, ``broadcast_bytes``: typed frames, ``frames.py``) and the
+object collectives that hand peer-read handles over on one host are bookkeeping, not KV
+traffic, and are not counted.
 """
 
 from __future__ import annotations
@@ -140,17 +142,33 @@ class Communicator(Protocol):
         """Blocks until every rank of the group arrives."""
         ...
 
+    def gather_bytes(self, data: bytes) -> list[bytes] | None:
+        """Collects every rank's ``data`` (lengths may differ): the list on rank 0, None
+        elsewhere. Plain bytes, never unpickled: results travel as typed frames.
+
+        Not counted in ``stats``: use it for results and reports, not for KV.
+        """
+        ...
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        """Rank 0's ``data`` on every rank (the other ranks pass None).
+
+        Not counted in ``stats``: it carries host metadata (a scheduled batch), not KV.
+        """
+        ...
+
     def gather_objects(self, obj: object) -> list[object] | None:
         """Collects a picklable ``obj`` from every rank: the list on rank 0, None elsewhere.
 
-        Not counted in ``stats``: use it for results and reports, not for KV.
+        It unpickles what peers send: only for peer-read handles between the ranks of one
+        host (``runtime.shared_pools``), never for results or anything that crosses a host.
         """
         ...
 
     def broadcast_object(self, obj: object) -> object:
         """Rank 0's picklable ``obj`` on every rank (other ranks pass anything, e.g. None).
 
-        Not counted in ``stats``: it carries host metadata (a scheduled batch), not KV.
+        It unpickles what rank 0 sends: the same restriction as ``gather_objects``.
         """
         ...
 
@@ -271,6 +289,56 @@ class TorchDistCommunicator:
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""
         self._timed("barrier", lambda: dist.barrier(group=self.group))
+
+    def _host_device(self) -> torch.device:
+        """Where this group's byte collectives stage their tensors (NCCL moves CUDA only)."""
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def gather_bytes(self, data: bytes) -> list[bytes] | None:
+        """See ``Communicator.gather_bytes``: every rank's length first (an all-gather, so
+        every rank pads to the longest), then one gather of the padded uint8 payloads."""
+        device = self._host_device()
+        length = torch.tensor([len(data)], dtype=torch.int64, device=device)
+        lengths = [torch.empty_like(length) for _ in range(self.world_size)]
+        self._timed(
+            "gather_bytes(lengths)", lambda: dist.all_gather(lengths, length, group=self.group)
+        )
+        sizes = [int(n) for n in torch.cat(lengths).tolist()]
+        padded = torch.zeros(max(*sizes, 1), dtype=torch.uint8)
+        if data:
+            padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        padded = padded.to(device)
+        parts = [torch.empty_like(padded) for _ in sizes] if self.rank == 0 else None
+        dst = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        self._timed(
+            "gather_bytes", lambda: dist.gather(padded, parts, dst=dst, group=self.group)
+        )
+        if parts is None:
+            return None
+        return [part[:size].cpu().numpy().tobytes() for part, size in zip(parts, sizes, strict=True)]
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        """See ``Communicator.broadcast_bytes``: the length first, then the payload."""
+        device = self._host_device()
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        mine = data if self.rank == 0 and data is not None else b""
+        if self.rank == 0 and data is None:
+            raise RuntimeError("broadcast_bytes: rank 0 must pass the bytes, got None")
+        length = torch.tensor([len(mine)], dtype=torch.int64, device=device)
+        self._timed(
+            "broadcast_bytes(length)", lambda: dist.broadcast(length, src=src, group=self.group)
+        )
+        size = int(length.item())
+        payload = torch.zeros(max(size, 1), dtype=torch.uint8)
+        if mine:
+            payload[:size] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+        payload = payload.to(device)
+        self._timed(
+            "broadcast_bytes", lambda: dist.broadcast(payload, src=src, group=self.group)
+        )
+        return mine if self.rank == 0 else payload[:size].cpu().numpy().tobytes()
 
     def gather_objects(self, obj: object) -> list[object] | None:
         """See ``Communicator.gather_objects``."""

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from cpkv_core.config import IndexKDtype, ModelConfig
+from cpkv_core.dist.typed.tensor_data import to_data
 from cpkv_core.pd.pack import row_bytes, row_views
 from cpkv_core.pd.protocol import (
     Alloc,
@@ -45,7 +46,6 @@ from cpkv_core.pd.protocol import (
     Verdict,
 )
 from cpkv_core.pd.receive import ArenaFullError, ReceiveArena, tiling_error, unpack_pieces
-from cpkv_core.pd.tensor_data import to_data
 from cpkv_core.pd.transport import LOOPBACK, Transport
 from cpkv_core.pd.wire import MAX_REQUEST_BYTES, Message, WireError, decode, encode
 from cpkv_core.planning import BatchSpec, RequestSpec, ScheduledRequest, Scheduler
