@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import queue
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client
@@ -24,6 +23,7 @@ from cpkv.runner import (
 )
 from cpkv.shadow_report import ShadowSummary, fault_phase, run_entries, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.dist import decode_frame
 from cpkv_core.pd import (
     LOOPBACK,
     MIN_WRITE_BYTES,
@@ -35,6 +35,7 @@ from cpkv_core.pd import (
     ReportReply,
     RequestReport,
     Shutdown,
+    Started,
     TensorData,
     WireError,
     call,
@@ -106,9 +107,9 @@ def start_decode(
 ) -> DecodeProcess:
     """Starts a decode server process listening on ``host`` and waits until it listens."""
     ctx = mp.get_context("spawn")
-    started = ctx.Queue()
+    reader, writer = ctx.Pipe(duplex=False)
     authkey = os.urandom(16)
-    args = (model, deploy.page_size, deploy.index_k_dtype, num_pages, timeout_s, authkey, started)
+    args = (model, deploy.page_size, deploy.index_k_dtype, num_pages, timeout_s, authkey, writer)
     process = ctx.Process(
         target=serve_decode,
         args=args,
@@ -116,13 +117,12 @@ def start_decode(
         daemon=True,
     )
     process.start()
-    for _ in range(120):
-        try:
-            address, session = started.get(timeout=1)
+    writer.close()  # NOTE: the child holds the only writer: its death reads as EOF
+    with reader, contextlib.suppress(EOFError):
+        if reader.poll(120):
+            frame = reader.recv_bytes()
+            address, session = decode_frame(frame, Started, "the decode server's address")
             return DecodeProcess(process, address, session, authkey)
-        except queue.Empty:
-            if not process.is_alive():
-                break
     process.kill()
     raise DecodeServerError(f"decode server did not start (exit code {process.exitcode})")
 

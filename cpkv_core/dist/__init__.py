@@ -12,12 +12,12 @@ from cpkv_core.dist.comm import (
     TorchDistCommunicator,
     new_group_communicator,
 )
-from cpkv_core.dist.typed import FrameError, decode_frame, encode_frame
-from cpkv_core.dist.value_collectives import broadcast_value, gather_value
 from cpkv_core.dist.launch import ProgressEvent, report_progress, spawn_group
 from cpkv_core.dist.local_group import LocalCommunicator, LocalGroup, run_local
 from cpkv_core.dist.rank_errors import ErrorRecord, RankError, RankFailed, rank_error
 from cpkv_core.dist.torchrun import TorchrunEnv, TorchrunGroup, torchrun_env
+from cpkv_core.dist.typed import FrameError, decode_frame, encode_frame
+from cpkv_core.dist.value_collectives import broadcast_value, gather_value
 
 __all__ = [
     "CommStats",

@@ -40,9 +40,9 @@ from typing import Any, Protocol, TypeVar, cast
 import torch
 
 from cpkv_core.dist import comm as comm_mod
-from cpkv_core.dist.typed.frames import FrameError, decode_frame, encode_frame
 from cpkv_core.dist.rank_body import body_target, import_body, rank_signature
 from cpkv_core.dist.rank_errors import RankError, RankFailed, rank_error
+from cpkv_core.dist.typed.frames import FrameError, decode_frame, encode_frame
 
 __all__ = [
     "ProgressEvent",
@@ -56,7 +56,7 @@ T = TypeVar("T")
 _POLL_S = 0.05
 """Seconds between checks for results, progress and dead children."""
 _EXIT_GRACE_S = 2.0
-"""Seconds to drain the queue after a child died, in case its report is still in flight."""
+"""Seconds to drain the pipes after a child died, in case its report is still in flight."""
 _JOIN_S = 5.0
 """Seconds a child may take to exit after its result before it is terminated."""
 
@@ -73,6 +73,8 @@ class ProgressEvent:
 
 
 class _Inbox(Protocol):
+    """Where ``_collect`` reads the ranks' messages (the pipes, or a test's fake)."""
+
     def get(self, timeout: float) -> tuple[int, bytes, bytes]:
         """The next ``(rank, kind, frame)``; raises ``queue.Empty`` after ``timeout``."""
         ...
@@ -93,12 +95,13 @@ class _Pipes:
             try:
                 message = cast(Connection, ready).recv_bytes()
             except (EOFError, OSError):
-                del self.open[rank]
+                self.open.pop(rank).close()  # NOTE: the rank exited; its pipe is done
                 continue
             return rank, message[:1], message[1:]
         raise queue_mod.Empty
 
     def close(self) -> None:
+        """Closes every pipe still open."""
         for conn in self.open.values():
             conn.close()
 

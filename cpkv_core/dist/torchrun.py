@@ -21,9 +21,9 @@ from typing import TypeVar, cast
 import torch
 
 from cpkv_core.dist import comm as comm_mod
-from cpkv_core.dist.value_collectives import broadcast_value, gather_value
 from cpkv_core.dist.launch import ProgressEvent, progress_to
 from cpkv_core.dist.rank_body import rank_signature
+from cpkv_core.dist.value_collectives import broadcast_value, gather_value
 
 __all__ = ["TORCHRUN_VARIABLES", "TorchrunEnv", "TorchrunGroup", "torchrun_env"]
 

@@ -4,7 +4,7 @@ Entry points: ``PdSender`` on every prefill rank, ``serve_decode`` in the decode
 """
 
 from cpkv_core.dist.typed.tensor_data import TensorData, from_data, to_data
-from cpkv_core.pd.decode import DecodeServer, serve_decode
+from cpkv_core.pd.decode import DecodeServer, Started, serve_decode
 from cpkv_core.pd.prefill import PdSender
 from cpkv_core.pd.probe import ConcurrentWrite, LargeWrite, time_baselines
 from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown
@@ -37,6 +37,7 @@ __all__ = [
     "RequestReport",
     "SendResult",
     "Shutdown",
+    "Started",
     "TensorData",
     "WireError",
     "WriteStats",

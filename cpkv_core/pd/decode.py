@@ -20,12 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from multiprocessing.connection import Connection, Listener
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
 from cpkv_core.config import IndexKDtype, ModelConfig
+from cpkv_core.dist.typed import encode_frame
 from cpkv_core.dist.typed.tensor_data import to_data
 from cpkv_core.pd.pack import row_bytes, row_views
 from cpkv_core.pd.protocol import (
@@ -391,6 +392,11 @@ def _request_view(scheduler: Scheduler, rid: str) -> ScheduledRequest:
     return ScheduledRequest(rid, 0, scheduler.seq_len(rid), scheduler.page_table(rid), 0)
 
 
+Started: TypeAlias = tuple[tuple[str, int], str]
+"""What a decode process reports to its parent once it listens: its control address and
+its Mooncake session."""
+
+
 def serve_decode(
     cfg: ModelConfig,
     page_size: int,
@@ -398,15 +404,16 @@ def serve_decode(
     num_pages: int,
     timeout_s: float,
     authkey: bytes,
-    started: Any,
+    started: Connection,
     die_on_done_of: str | None = None,
     host: str = LOOPBACK,
 ) -> None:
-    """Process entry point: builds the server on ``host``, reports its addresses on
-    ``started``, serves."""
+    """Process entry point: builds the server on ``host``, reports its addresses on the
+    pipe ``started`` (a typed frame of ``Started``, never a pickle), serves."""
     torch.set_num_threads(1)
     server = DecodeServer(
         cfg, page_size, index_k_dtype, num_pages, timeout_s, authkey, die_on_done_of, host
     )
-    started.put((server.address, server.transport.session))
+    started.send_bytes(encode_frame((server.address, server.transport.session), Started))
+    started.close()
     server.serve_forever()

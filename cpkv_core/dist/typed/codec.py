@@ -26,11 +26,10 @@ list for a tuple, a numpy int for an int). An annotation the codec cannot carry 
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import collections.abc
 import dataclasses
 import enum
+import threading
 import types
 import typing
 from typing import Any
@@ -60,6 +59,9 @@ _ARRAYS = {tuple: tuple, list: list, frozenset: frozenset}
 _MAPS = (dict, collections.abc.Mapping)
 _NODES: dict[Any, Node] = {}
 """Every annotation's node, built once (a dataclass's before its fields: recursion)."""
+_BUILDING = threading.RLock()
+"""Held while nodes are built: a dataclass's node is cached before its fields are, and
+ranks run as threads (``LocalGroup``) may build their first codec at once."""
 
 
 def _class_node(hint: type) -> Node:
@@ -135,7 +137,8 @@ class Codec:
     def __init__(self, hint: Any) -> None:
         """Raises TypeError when ``hint`` holds an annotation the codec cannot carry."""
         self.hint, self.name = hint, type_name(hint)
-        self._root = _node(hint, self.name)
+        with _BUILDING:
+            self._root = _node(hint, self.name)
 
     def dump(self, value: object, blobs: list[bytes] | None = None) -> object:
         """``value`` as JSON-ready data; ``bytes`` go to ``blobs`` when given (else base64).
@@ -176,5 +179,7 @@ def codec_for(hint: Any) -> Codec:
     """The (cached) codec of ``hint``; raises TypeError for one it cannot carry."""
     codec = _CODECS.get(hint)
     if codec is None:
-        codec = _CODECS[hint] = Codec(hint)
+        with _BUILDING:
+            codec = _CODECS.get(hint) or Codec(hint)
+            _CODECS[hint] = codec
     return codec

@@ -65,14 +65,17 @@ def type_name(hint: Any) -> str:
 
 
 def at(path: str) -> str:
+    """A path as errors show it (``value`` for the root)."""
     return path or "value"
 
 
 def kind_of(obj: object) -> str:
+    """A parsed JSON value's kind, as errors name it."""
     return JSON_NAMES.get(type(obj), type(obj).__name__)
 
 
 def wrong_json(path: str, want: str, obj: object) -> CodecError:
+    """Parsed JSON of another kind than its annotation needs (bad data)."""
     shown = repr(obj)
     shown = shown if len(shown) <= 40 else shown[:37] + "..."
     return CodecError(f"{at(path)}: expected {want}, got {kind_of(obj)} ({shown})")
@@ -141,6 +144,8 @@ class ExactNode(Node):
 
 
 class FloatNode(Node):
+    """``float``: a JSON number with a fraction or exponent (``NaN``/``Infinity`` tokens too)."""
+
     kinds = frozenset({float})
     cls = float
 
@@ -185,6 +190,8 @@ class BytesNode(Node):
 
 
 class EnumNode(Node):
+    """An enum whose values are all ``int`` or all ``str``: its value, one of the enum's."""
+
     def __init__(self, cls: type[enum.Enum]) -> None:
         value_types = {type(m.value) for m in cls}
         if value_types not in ({int}, {str}):
