@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import pickle
 from pathlib import Path
 
 import pytest
+import torch
 
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
 from cpkv_core.traces.trace import Trace, load_trace
@@ -46,3 +49,31 @@ def tiny_row_bytes(dtype: IndexKDtype) -> int:
         4 * (tiny.kv_lora_rank + tiny.qk_rope_head_dim) + tiny.index_head_dim * index_itemsize
     )
     return (per_layer + 4) * tiny.num_layers
+
+
+class CreatesFile:
+    """Unpickling this calls ``open(path, "w")``: the file appearing means a payload ran code."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (str(self.path), "w"))
+
+
+def code_running_payloads(path: Path) -> dict[str, bytes]:
+    """Bytes that create ``path`` when the old loader read them: a pickle, and a
+    ``torch.save`` archive (``torch.load(weights_only=False)`` runs it)."""
+    archive = io.BytesIO()
+    torch.save(CreatesFile(path), archive)
+    return {"pickle": pickle.dumps(CreatesFile(path)), "torch.save": archive.getvalue()}
+
+
+def load_unsafely(how: str, payload: bytes) -> None:
+    """What the launcher did before typed frames; proves a payload really runs code."""
+    loaded = (
+        pickle.loads(payload)
+        if how == "pickle"
+        else torch.load(io.BytesIO(payload), weights_only=False)
+    )
+    loaded.close()

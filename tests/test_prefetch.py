@@ -7,7 +7,9 @@ attends, into the other of two buffers; without prefetch one buffer serves every
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from cpkv_core.config import CpMode, DeploymentConfig, MaterializeMode, model_pr
 from cpkv_core.runtime import engine as engine_mod
 from cpkv_core.runtime.history_views import HistoryViews
 from cpkv_core.runtime.kv_pool import KVRows
+from flags import FLAG_SPECS
 from phases.registry import REGISTERED_PHASES
 from tests.conftest import MIXED_TRACE, make_deploy, mixed_trace
 
@@ -126,6 +129,47 @@ def test_verify_with_prefetch_on_gloo_is_ok_at_every_level() -> None:
     level2 = [b for b in document["batches"] if b["level"] == 2]
     assert any(b["gathered_bytes_by_tag"].get("materialize", 0) > 0 for b in level2)
     assert all(b["max_abs_diff"] == 0.0 for b in document["batches"])
+
+
+def _materialize_bytes(document: dict[str, Any]) -> list[int]:
+    """Level 2's bytes gathered to materialize history, batch by batch (a ``--json`` doc)."""
+    level2 = [b for b in document["batches"] if b["level"] == 2]
+    return [b["gathered_bytes_by_tag"].get("materialize", 0) for b in level2]
+
+
+@functools.cache
+def _direct(prefetch: bool) -> list[int]:
+    """The same at level 2 from a deployment built here, with or without prefetch."""
+    deploy = with_prefetch(make_deploy(2, 4), MaterializeMode.GATHER, prefetch)
+    return _materialize_bytes(run(deploy, range(2, 3)).to_json())
+
+
+@pytest.mark.parametrize("source", ["none", "option", "environment", "config file"])
+def test_each_flag_source_turns_prefetch_on_in_the_run(
+    source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The option, the variable and the config key reach the engine: with prefetch the
+    view reads only history pages, so a current-only batch gathers nothing to materialize
+    and the others gather less; a run without prefetch gathers the full view."""
+    monkeypatch.chdir(tmp_path)  # NOTE: no cpkv.toml of the caller's
+    for name in ("CPKV_CONFIG", FLAG_SPECS["materialize_prefetch"].env):
+        monkeypatch.delenv(name, raising=False)
+    args = ["verify", str(MIXED_TRACE), "--phases", "2", "--cp-size", "2", "--page-size", "4"]
+    env: dict[str, str] = {}
+    if source == "option":
+        args.append("--materialize-prefetch")
+    elif source == "environment":
+        env[FLAG_SPECS["materialize_prefetch"].env] = "1"
+    elif source == "config file":
+        config = tmp_path / "flags.toml"
+        config.write_text("materialize-prefetch = true\n")
+        args += ["--config", str(config)]
+    result = runner.invoke(app, [*args, "--backend", "local", "--json"], env=env)
+    assert result.exit_code == 0, result.output
+    got = _materialize_bytes(json.loads(result.stdout))
+    with_it, without = _direct(True), _direct(False)
+    assert with_it[0] == 0 < without[0] and with_it != without
+    assert got == (without if source == "none" else with_it)
 
 
 def test_local_async_gather_completes_into_the_given_buffer() -> None:

@@ -4,6 +4,9 @@ and kills the phase before the next batch; injected faults are caught with no wr
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +57,32 @@ def test_sampling_is_deterministic_from_batch_and_seed() -> None:
     assert draws != [sampled(b, 0.3, seed=8) for b in range(2000)]
     assert not any(sampled(b, 0.0, 1) for b in range(100))
     assert all(sampled(b, 1.0, 1) for b in range(100))
+
+
+SAMPLED_AT_SEED_7 = [2, 4, 5, 10, 11, 15, 18, 21, 23, 27, 28, 32, 34, 39, 43, 48, 50, 52, 56, 58]
+"""The batches below 60 that ``--shadow-rate 0.3 --shadow-seed 7`` samples, in any process."""
+DRAW_IN_A_FRESH_PROCESS = (
+    "import json; from cpkv.run.loop import sampled; "
+    "print(json.dumps([b for b in range(60) if sampled(b, 0.3, 7)]))"
+)
+
+
+def test_a_rerun_in_another_process_samples_the_same_batches() -> None:
+    """The draw depends on (seed, batch) alone: this process and a fresh interpreter with
+    another ``PYTHONHASHSEED`` (a salted ``hash()`` would differ) draw the pinned set."""
+    assert [b for b in range(60) if sampled(b, 0.3, 7)] == SAMPLED_AT_SEED_7
+    ours = os.environ.get("PYTHONHASHSEED", "")
+    other = str(int(ours) + 1) if ours.isdigit() else "0"
+    root = str(Path(__file__).resolve().parents[1])
+    rerun = subprocess.run(
+        [sys.executable, "-c", DRAW_IN_A_FRESH_PROCESS],
+        env=os.environ | {"PYTHONHASHSEED": other, "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(rerun.stdout) == SAMPLED_AT_SEED_7
 
 
 def test_every_batch_shadowed_matches_and_main_bytes_are_unchanged() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -273,8 +272,3 @@ def test_load_trace_reports_missing_file(tmp_path: Path) -> None:
         load_trace(path, PAGE)
     assert (info.value.source, info.value.line, info.value.field) == (str(path), None, None)
 
-
-def test_trace_error_survives_pickle() -> None:
-    err = TraceError("bad", "t.jsonl", 3, "batch")
-    back = pickle.loads(pickle.dumps(err))
-    assert (str(back), back.line, back.field) == (str(err), 3, "batch")

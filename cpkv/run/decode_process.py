@@ -6,18 +6,19 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import queue
 from dataclasses import dataclass
 from multiprocessing.connection import Client
 from multiprocessing.process import BaseProcess
 
 from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.dist import decode_frame
 from cpkv_core.pd import (
     LOOPBACK,
     Message,
     Report,
     ReportReply,
     Shutdown,
+    Started,
     WireError,
     call,
     serve_decode,
@@ -77,9 +78,9 @@ def start_decode(
 ) -> DecodeProcess:
     """Starts a decode server process listening on ``host`` and waits until it listens."""
     ctx = mp.get_context("spawn")
-    started = ctx.Queue()
+    reader, writer = ctx.Pipe(duplex=False)
     authkey = os.urandom(16)
-    args = (model, deploy.page_size, deploy.index_k_dtype, num_pages, timeout_s, authkey, started)
+    args = (model, deploy.page_size, deploy.index_k_dtype, num_pages, timeout_s, authkey, writer)
     process = ctx.Process(
         target=serve_decode,
         args=args,
@@ -87,12 +88,11 @@ def start_decode(
         daemon=True,
     )
     process.start()
-    for _ in range(120):
-        try:
-            address, session = started.get(timeout=1)
+    writer.close()  # NOTE: the child holds the only writer: its death reads as EOF
+    with reader, contextlib.suppress(EOFError):
+        if reader.poll(120):
+            frame = reader.recv_bytes()
+            address, session = decode_frame(frame, Started, "the decode server's address")
             return DecodeProcess(process, address, session, authkey)
-        except queue.Empty:
-            if not process.is_alive():
-                break
     process.kill()
     raise DecodeServerError(f"decode server did not start (exit code {process.exitcode})")

@@ -22,7 +22,7 @@ from torch.overrides import TorchFunctionMode
 from cpkv.common.settings import RunSettings
 from cpkv.run.loop import HostLoop, LoopStep
 from cpkv_core.config import ModelConfig
-from cpkv_core.dist import Communicator, run_local
+from cpkv_core.dist import Communicator, broadcast_value, run_local
 from cpkv_core.planning import BatchSpec, pages_for_trace
 from cpkv_core.runtime import CPEngine, expand, upload
 from phases import level_enabled
@@ -126,8 +126,7 @@ def _dry_run_level(
     loop = HostLoop(deploy, enabled, num_pages, settings.ceiling) if comm.rank == 0 else None
     engine: CPEngine | None = None
     for batch in batches:
-        step = comm.broadcast_object(loop.step(batch) if loop is not None else None)
-        assert isinstance(step, LoopStep), f"rank {comm.rank} got {type(step)} for a step"
+        step = broadcast_value(comm, loop.step(batch) if loop is not None else None, LoopStep)
         if engine is None:
             engine = CPEngine(
                 model, deploy, comm, num_pages, step.decision.plan.kv_layout, device=_META

@@ -53,7 +53,8 @@ class RunKnobs(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class RankJob:
-    """Everything a rank needs to run a trace at several levels; picklable."""
+    """Everything a rank needs to run a trace at several levels; it travels to spawned ranks
+    as a typed frame (every field's annotation is one the codec carries)."""
 
     model: ModelConfig
     deploy: DeploymentConfig

@@ -21,6 +21,7 @@ from cpkv_core.dist import (
     Communicator,
     ProgressEvent,
     TorchrunGroup,
+    broadcast_value,
     new_group_communicator,
     report_progress,
     run_local,
@@ -90,8 +91,7 @@ def _run_level(
     outputs, steps = [], []
     for batch in job.batches:
         scheduler = loop.scheduler.state() if job.debug_checks and loop is not None else None
-        step = comm.broadcast_object(loop.step(batch) if loop is not None else None)
-        assert isinstance(step, LoopStep), f"rank {comm.rank} got {type(step)} for a step"
+        step = broadcast_value(comm, loop.step(batch) if loop is not None else None, LoopStep)
         if engine is None:
             # NOTE: the first decision fixes the KV layout (KV at rest cannot change).
             engine = CPEngine(
@@ -242,7 +242,12 @@ def run_jobs_on_gloo(
     world_size = max(job.deploy.cp_size for job in jobs)
     try:
         per_rank = spawn_group(
-            world_size, run_jobs_rank, (tuple(jobs),), timeout_s=timeout_s, on_progress=forward
+            world_size,
+            run_jobs_rank,
+            (tuple(jobs),),
+            timeout_s=timeout_s,
+            on_progress=forward,
+            progress_type=BatchProgress,
         )
     except RuntimeError as exc:
         # NOTE: a rank that died or stalled reports nothing; the batch after the last one

@@ -7,8 +7,10 @@ every collective under a caller-chosen tag in ``CommStats``.
 
 Byte accounting, per rank: an all-gather of a local tensor of ``B`` bytes over a group of
 ``W`` ranks records ``contributed = B`` (what this rank sends in) and ``gathered = W * B``
-(the size of the gathered result this rank holds). Object collectives used to collect
-results (``gather_objects``) are bookkeeping, not KV traffic, and are not counted.
+(the size of the gathered result this rank holds). The byte collectives that carry results
+and host metadata (``gather_bytes``, ``broadcast_bytes``: typed frames, ``frames.py``) and the
+object collectives that hand peer-read handles over on one host are bookkeeping, not KV
+traffic, and are not counted.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from cpkv_core.dist.communicator import Communicator, GatherHandle
 from cpkv_core.dist.stats import CollectiveStats, CommStats, record_all_gather
 
 __all__ = [
@@ -37,71 +40,6 @@ __all__ = [
     "new_group_communicator",
     "record_all_gather",
 ]
-
-
-class GatherHandle:
-    """An all-gather in flight: ``wait()`` blocks until it completes and returns its result.
-
-    Holds the input and output tensors until then, so neither is freed under the transfer.
-    """
-
-    def __init__(
-        self, work: dist.Work | None, out: Tensor, dtype: torch.dtype, wire: Tensor
-    ) -> None:
-        self._work, self._out, self._dtype, self._wire = work, out, dtype, wire
-
-    def wait(self) -> Tensor:
-        """``[world_size, *shape]``, row ``r`` from rank ``r`` (the ``out`` given, if any)."""
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
-        out = self._out
-        return out.view(self._dtype) if out.dtype != self._dtype else out
-
-
-class Communicator(Protocol):
-    """Collectives over one group of ranks; ``rank`` and ``world_size`` are group-local."""
-
-    rank: int
-    world_size: int
-    stats: CommStats
-
-    def all_gather(self, tensor: Tensor, tag: str) -> Tensor:
-        """Gathers every rank's ``tensor`` and counts the bytes under ``tag``.
-
-        Args:
-            tensor: ``[*shape]``, same shape and dtype on every rank.
-            tag: Name the bytes are counted under (e.g. ``"kv_write"``).
-
-        Returns:
-            A new tensor ``[world_size, *shape]``, row ``r`` from rank ``r``.
-        """
-        ...
-
-    def all_gather_async(self, tensor: Tensor, tag: str, out: Tensor | None = None) -> GatherHandle:
-        """Starts ``all_gather(tensor, tag)`` and returns at once with its handle; every rank
-        issues its async gathers in the same order. ``out`` (``[world_size, *shape]``,
-        contiguous) receives the result in place; None allocates it. An in-process group
-        may complete the gather before returning."""
-        ...
-
-    def barrier(self) -> None:
-        """Blocks until every rank of the group arrives."""
-        ...
-
-    def gather_objects(self, obj: object) -> list[object] | None:
-        """Collects a picklable ``obj`` from every rank: the list on rank 0, None elsewhere.
-
-        Not counted in ``stats``: use it for results and reports, not for KV.
-        """
-        ...
-
-    def broadcast_object(self, obj: object) -> object:
-        """Rank 0's picklable ``obj`` on every rank (other ranks pass anything, e.g. None).
-
-        Not counted in ``stats``: it carries host metadata (a scheduled batch), not KV.
-        """
-        ...
 
 
 T = TypeVar("T")
@@ -215,6 +153,56 @@ class TorchDistCommunicator:
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""
         self._timed("barrier", lambda: dist.barrier(group=self.group))
+
+    def _host_device(self) -> torch.device:
+        """Where this group's byte collectives stage their tensors (NCCL moves CUDA only)."""
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def gather_bytes(self, data: bytes) -> list[bytes] | None:
+        """See ``Communicator.gather_bytes``: every rank's length first (an all-gather, so
+        every rank pads to the longest), then one gather of the padded uint8 payloads."""
+        device = self._host_device()
+        length = torch.tensor([len(data)], dtype=torch.int64, device=device)
+        lengths = [torch.empty_like(length) for _ in range(self.world_size)]
+        self._timed(
+            "gather_bytes(lengths)", lambda: dist.all_gather(lengths, length, group=self.group)
+        )
+        sizes = [int(n) for n in torch.cat(lengths).tolist()]
+        padded = torch.zeros(max(*sizes, 1), dtype=torch.uint8)
+        if data:
+            padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        padded = padded.to(device)
+        parts = [torch.empty_like(padded) for _ in sizes] if self.rank == 0 else None
+        dst = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        self._timed(
+            "gather_bytes", lambda: dist.gather(padded, parts, dst=dst, group=self.group)
+        )
+        if parts is None:
+            return None
+        return [part[:size].cpu().numpy().tobytes() for part, size in zip(parts, sizes, strict=True)]
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        """See ``Communicator.broadcast_bytes``: the length first, then the payload."""
+        device = self._host_device()
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        mine = data if self.rank == 0 and data is not None else b""
+        if self.rank == 0 and data is None:
+            raise RuntimeError("broadcast_bytes: rank 0 must pass the bytes, got None")
+        length = torch.tensor([len(mine)], dtype=torch.int64, device=device)
+        self._timed(
+            "broadcast_bytes(length)", lambda: dist.broadcast(length, src=src, group=self.group)
+        )
+        size = int(length.item())
+        payload = torch.zeros(max(size, 1), dtype=torch.uint8)
+        if mine:
+            payload[:size] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+        payload = payload.to(device)
+        self._timed(
+            "broadcast_bytes", lambda: dist.broadcast(payload, src=src, group=self.group)
+        )
+        return mine if self.rank == 0 else payload[:size].cpu().numpy().tobytes()
 
     def gather_objects(self, obj: object) -> list[object] | None:
         """See ``Communicator.gather_objects``."""

@@ -10,129 +10,85 @@ A rank that stalls is named too: when a rank reports a ``CollectiveTimeout`` (it
 collective timeout ran out), the ranks still running without a word are the ones it waited
 for.
 
-``fn`` must be a module-level function importable by a fresh interpreter (children import
-it by name), and its arguments and result must be picklable. A child may call
-``report_progress(message)`` to stream progress to the parent's ``on_progress``.
+Nothing crosses as a pickle: ``fn`` goes by its module and name (it must be a module-level
+function), and its arguments, every progress message, its result and an error each travel
+as a typed frame (``frames.py``: JSON plus raw tensor bytes) through the rank's own pipe.
+``fn``'s parameters after ``comm`` and its return are annotated with types the codec carries
+(``codec.py``), and the parent decodes only those types: a rank (or whatever writes to its
+pipe) cannot run code in the launcher. A rank that raises reports a ``RankError`` (its
+exception chain as plain data); the parent raises ``RankFailed`` holding it. A child may
+call ``report_progress(message)`` to stream progress to the parent's ``on_progress``.
 """
 
 from __future__ import annotations
 
-import io
 import multiprocessing as mp
 import queue as queue_mod
 import shutil
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol, TypeVar, cast
 
-import torch
-
 from cpkv_core.dist import comm as comm_mod
+from cpkv_core.dist.rank_body import body_target, rank_signature
+from cpkv_core.dist.rank_child import ERROR, PROGRESS, RESULT, ProgressEvent, child_main
+from cpkv_core.dist.rank_child import progress_to as progress_to
+from cpkv_core.dist.rank_child import report_progress as report_progress
+from cpkv_core.dist.rank_errors import RankError, RankFailed
+from cpkv_core.dist.typed.frames import FrameError, decode_frame, encode_frame
 
-__all__ = ["ProgressEvent", "dumps", "loads", "progress_to", "report_progress", "spawn_group"]
+__all__ = [
+    "ProgressEvent",
+    "progress_to",
+    "report_progress",
+    "spawn_group",
+]
 
 T = TypeVar("T")
 
 _POLL_S = 0.05
 """Seconds between checks for results, progress and dead children."""
 _EXIT_GRACE_S = 2.0
-"""Seconds to drain the queue after a child died, in case its report is still in flight."""
+"""Seconds to drain the pipes after a child died, in case its report is still in flight."""
 _JOIN_S = 5.0
 """Seconds a child may take to exit after its result before it is terminated."""
 
+class _Inbox(Protocol):
+    """Where ``_collect`` reads the ranks' messages (the pipes, or a test's fake)."""
 
-@dataclass(frozen=True, slots=True)
-class ProgressEvent:
-    """A progress message a spawned rank sent with ``report_progress``."""
-
-    rank: int
-    message: object
-
-
-def dumps(obj: object) -> bytes:
-    """Serialises a picklable object, tensors included, by value."""
-    # NOTE: torch.save rather than pickle: plain pickle fails on float8 tensors (torch 2.13).
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+    def get(self, timeout: float) -> tuple[int, bytes, bytes]:
+        """The next ``(rank, kind, frame)``; raises ``queue.Empty`` after ``timeout``."""
+        ...
 
 
-def loads(data: bytes) -> object:
-    """Inverse of ``dumps``; only ever fed bytes from our own ranks (it unpickles)."""
-    return torch.load(io.BytesIO(data), weights_only=False)
+class _Pipes:
+    """Every rank's pipe, read as one inbox (a closed pipe drops out)."""
 
+    def __init__(self, readers: Sequence[Connection]) -> None:
+        self.open = dict(enumerate(readers))
 
-class _Queue(Protocol):
-    def put(self, obj: Any) -> None: ...
+    def get(self, timeout: float) -> tuple[int, bytes, bytes]:
+        if not self.open:
+            time.sleep(timeout)
+            raise queue_mod.Empty
+        for ready in wait(list(self.open.values()), timeout):
+            rank = next(r for r, conn in self.open.items() if conn is ready)
+            try:
+                message = cast(Connection, ready).recv_bytes()
+            except (EOFError, OSError):
+                self.open.pop(rank).close()  # NOTE: the rank exited; its pipe is done
+                continue
+            return rank, message[:1], message[1:]
+        raise queue_mod.Empty
 
-    def get(self, block: bool = ..., timeout: float | None = ...) -> Any: ...
-
-
-_progress_queue: _Queue | None = None
-_progress_rank = -1
-_progress_sink: Callable[[object], None] | None = None
-"""In-process receiver of ``report_progress`` (a rank started by torchrun), else None."""
-
-
-def report_progress(message: object) -> None:
-    """Sends a picklable ``message`` to the parent's ``on_progress`` (from a spawned rank),
-    or to the sink ``progress_to`` set (in a torchrun rank).
-
-    A no-op elsewhere, so worker functions may call it freely.
-    """
-    if _progress_queue is not None:
-        _progress_queue.put(("progress", _progress_rank, dumps(message)))
-    elif _progress_sink is not None:
-        _progress_sink(message)
-
-
-@contextmanager
-def progress_to(sink: Callable[[object], None] | None) -> Iterator[None]:
-    """Hands every ``report_progress`` message of this process to ``sink`` while inside."""
-    global _progress_sink
-    previous, _progress_sink = _progress_sink, sink
-    try:
-        yield
-    finally:
-        _progress_sink = previous
-
-
-def _child_main(
-    rank: int,
-    world_size: int,
-    init_method: str,
-    backend: str,
-    timeout_s: float,
-    call: bytes,
-    results: _Queue,
-) -> None:
-    """Entry point of one spawned rank: init, run ``fn``, report, tear down.
-
-    NOTE: ``call`` (``fn`` and ``args``) and every payload travel as bytes (see ``dumps``):
-    importing torch makes multiprocessing send tensors as shared-memory handles, which die
-    with the process that sent them.
-    """
-    global _progress_queue, _progress_rank
-    torch.set_num_threads(1)
-    _progress_queue, _progress_rank = results, rank
-    try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        fn, args = cast(tuple[Callable[..., object], tuple[object, ...]], loads(call))
-        comm_mod.init_process_group(rank, world_size, init_method, backend, timeout_s)
-        value = dumps(fn(comm_mod.TorchDistCommunicator(), *args))
-        comm_mod.destroy_process_group()
-    except BaseException:
-        # NOTE: no destroy here: peers may be blocked in a collective with this rank, and
-        # the parent kills every process as soon as it reads this report.
-        results.put(("error", rank, traceback.format_exc()))
-        return
-    results.put(("result", rank, value))
+    def close(self) -> None:
+        """Closes every pipe still open."""
+        for conn in self.open.values():
+            conn.close()
 
 
 def _dead_peers(procs: Sequence[BaseProcess], done: dict[int, object], rank: int) -> list[str]:
@@ -154,7 +110,7 @@ def _dead_peers(procs: Sequence[BaseProcess], done: dict[int, object], rank: int
 
 
 def _stalled_peers(
-    results: _Queue, procs: Sequence[BaseProcess], done: dict[int, object], rank: int
+    inbox: _Inbox, procs: Sequence[BaseProcess], done: dict[int, object], rank: int
 ) -> list[str]:
     """Peers still running with neither a result nor an error after ``rank``'s collective
     timed out: the ranks it waited for.
@@ -166,10 +122,10 @@ def _stalled_peers(
     grace_end = time.monotonic() + _EXIT_GRACE_S
     while time.monotonic() < grace_end:
         try:
-            kind, other, _ = results.get(timeout=_POLL_S)
+            other, kind, _ = inbox.get(_POLL_S)
         except queue_mod.Empty:
             continue
-        if kind != "progress":
+        if kind != PROGRESS:
             failed.add(other)
     return [
         f"rank {r} stalled (still running, neither a result nor an error, when the others' "
@@ -179,50 +135,71 @@ def _stalled_peers(
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class _Expect:
+    """What the parent decodes from its ranks: the result's and progress's annotations."""
+
+    result: Any
+    progress: Any = None
+    on_progress: Callable[[object], None] | None = None
+
+
+def _failure(
+    inbox: _Inbox, procs: Sequence[BaseProcess], done: dict[int, object], rank: int, frame: bytes
+) -> RankFailed:
+    """The error ``rank`` reported, with the peers that died or stalled first."""
+    error = cast(RankError, decode_frame(frame, RankError, f"rank {rank}'s error report"))
+    if error.find(comm_mod.COLLECTIVE_TIMEOUT) is not None:
+        culprits = _stalled_peers(inbox, procs, done, rank)
+    else:
+        culprits = [f"{d} before reporting a result" for d in _dead_peers(procs, done, rank)]
+    return RankFailed(rank, error, culprits)
+
+
+def _check_exits(procs: Sequence[BaseProcess], done: dict[int, object], since: list[float]) -> None:
+    """Raises once a child exited without a result and the grace for its report ran out."""
+    exited = [
+        (r, p.exitcode) for r, p in enumerate(procs) if r not in done and p.exitcode is not None
+    ]
+    if not exited:
+        return
+    # NOTE: a child's report is flushed before it exits; the grace lets it arrive.
+    now = time.monotonic()
+    since[:] = since or [now]
+    if now - since[0] > _EXIT_GRACE_S:
+        r, code = exited[0]
+        raise RuntimeError(f"rank {r} exited with code {code} before reporting a result")
+
+
 def _collect(
-    results: _Queue,
-    procs: Sequence[BaseProcess],
-    timeout_s: float,
-    on_progress: Callable[[object], None] | None,
+    inbox: _Inbox, procs: Sequence[BaseProcess], timeout_s: float, expect: _Expect
 ) -> dict[int, object]:
-    """Waits for one result per rank; raises RuntimeError on an error, a death or timeout."""
+    """Waits for one result per rank; raises RuntimeError on an error, a death or timeout,
+    FrameError on a message that is not a typed frame of what it should hold."""
     deadline = time.monotonic() + timeout_s
     done: dict[int, object] = {}
-    exited_at: float | None = None
+    exited_since: list[float] = []
     while len(done) < len(procs):
-        now = time.monotonic()
-        if now > deadline:
+        if time.monotonic() > deadline:
             missing = [r for r in range(len(procs)) if r not in done]
             raise RuntimeError(
                 f"spawn_group timed out after {timeout_s:g} s; ranks without a result: {missing}"
             )
-        exited = [
-            (r, p.exitcode) for r, p in enumerate(procs) if r not in done and p.exitcode is not None
-        ]
-        if exited:
-            # NOTE: a child's report is flushed before it exits; the grace lets it arrive.
-            exited_at = now if exited_at is None else exited_at
-            if now - exited_at > _EXIT_GRACE_S:
-                r, code = exited[0]
-                raise RuntimeError(f"rank {r} exited with code {code} before reporting a result")
+        _check_exits(procs, done, exited_since)
         try:
-            kind, rank, payload = results.get(timeout=_POLL_S)
+            rank, kind, frame = inbox.get(_POLL_S)
         except queue_mod.Empty:
             continue
-        if kind == "progress":
-            if on_progress is not None:
-                on_progress(ProgressEvent(rank, loads(payload)))
-        elif kind == "error":
-            if comm_mod.COLLECTIVE_TIMEOUT in payload:
-                culprits = _stalled_peers(results, procs, done, rank)
-            else:
-                culprits = [
-                    f"{d} before reporting a result" for d in _dead_peers(procs, done, rank)
-                ]
-            first = f"{'; '.join(culprits)}; then " if culprits else ""
-            raise RuntimeError(f"{first}rank {rank} failed:\n{payload}")
+        if kind == PROGRESS:
+            if expect.on_progress is not None:
+                message = decode_frame(frame, expect.progress, f"rank {rank}'s progress")
+                expect.on_progress(ProgressEvent(rank, message))
+        elif kind == ERROR:
+            raise _failure(inbox, procs, done, rank, frame)
+        elif kind == RESULT:
+            done[rank] = decode_frame(frame, expect.result, f"rank {rank}'s result")
         else:
-            done[rank] = loads(payload)
+            raise FrameError(f"rank {rank} sent a message of unknown kind {kind!r}")
     return done
 
 
@@ -252,50 +229,65 @@ def spawn_group(
     backend: str = "gloo",
     timeout_s: float = 120.0,
     on_progress: Callable[[object], None] | None = None,
+    progress_type: Any = None,
 ) -> list[T]:
     """Runs ``fn(comm, *args)`` on every rank of a fresh ``world_size``-process group.
 
     Args:
         world_size: Processes to spawn (``>= 1``).
-        fn: Module-level function ``fn(comm: Communicator, *args) -> T``; ``T`` picklable.
-        args: Extra picklable arguments, the same for every rank.
+        fn: Module-level function ``fn(comm: Communicator, *args) -> T``, its parameters
+            and return annotated with types the codec carries (``rank_signature``).
+        args: Extra arguments, the same for every rank, of ``fn``'s annotated types.
         backend: torch.distributed backend (``"gloo"`` on CPU, ``"nccl"`` on CUDA).
         timeout_s: Limit for the whole run, start-up included (~3 s per process start);
             also the group's collective timeout.
         on_progress: Called in the parent with a ``ProgressEvent`` for every
             ``report_progress`` a child makes.
+        progress_type: The class of the children's progress messages (with
+            ``on_progress``).
 
     Returns:
         Every rank's result, in rank order.
 
     Raises:
-        ValueError: ``world_size < 1``.
-        RuntimeError: A rank raised (the message holds its rank and traceback), a rank
-            died without a result, or the run took longer than ``timeout_s``.
+        ValueError: ``world_size < 1``, ``fn`` is not module-level, or ``on_progress``
+            without ``progress_type``.
+        TypeError: ``fn``'s annotations are missing or not carried by the codec.
+        RankFailed: A rank raised (the message holds its rank and traceback; ``error``
+            its exception chain as data).
+        RuntimeError: a rank died without a result, or the run took longer than
+            ``timeout_s``.
+        FrameError: a rank sent bytes that are not a typed frame of what they should hold.
     """
     if world_size < 1:
         raise ValueError(f"spawn_group needs world_size >= 1, got {world_size}")
+    if on_progress is not None and progress_type is None:
+        raise ValueError("spawn_group: on_progress needs the progress messages' progress_type")
+    target, signature = body_target(fn), rank_signature(fn)
+    call = encode_frame(args, signature.args)
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     store_dir = tempfile.mkdtemp(prefix="cpkv-spawn-")
     init_method = f"file://{store_dir}/store"
-    call = dumps((fn, args))
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
     procs = [
         ctx.Process(
-            target=_child_main,
-            args=(rank, world_size, init_method, backend, timeout_s, call, results),
+            target=child_main,
+            args=(rank, world_size, init_method, backend, timeout_s, target, call, writer),
             name=f"cpkv-rank{rank}",
             daemon=True,
         )
-        for rank in range(world_size)
+        for rank, (_, writer) in enumerate(pipes)
     ]
+    inbox = _Pipes([reader for reader, _ in pipes])
     done: dict[int, object] = {}
     try:
-        for p in procs:
+        for p, (_, writer) in zip(procs, pipes, strict=True):
             p.start()
-        done = _collect(results, procs, timeout_s, on_progress)
+            writer.close()  # NOTE: the child holds the only writer: its exit reads as EOF
+        expect = _Expect(signature.result, progress_type, on_progress)
+        done = _collect(inbox, procs, timeout_s, expect)
     finally:
         _teardown(procs, graceful=len(done) == world_size)
-        results.close()
+        inbox.close()
         shutil.rmtree(store_dir, ignore_errors=True)
     return [cast(T, done[rank]) for rank in range(world_size)]

@@ -97,6 +97,17 @@ class LocalCommunicator:
         """See ``Communicator.barrier``."""
         self.group.exchange(self.rank, None)
 
+    def gather_bytes(self, data: bytes) -> list[bytes] | None:
+        """See ``Communicator.gather_bytes``."""
+        gathered = self.group.exchange(self.rank, bytes(data))
+        return [cast(bytes, item) for item in gathered] if self.rank == 0 else None
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        """See ``Communicator.broadcast_bytes``."""
+        if self.rank == 0 and data is None:
+            raise RuntimeError("broadcast_bytes: rank 0 must pass the bytes, got None")
+        return cast(bytes, self.group.exchange(self.rank, data)[0])
+
     def gather_objects(self, obj: object) -> list[object] | None:
         """See ``Communicator.gather_objects``."""
         gathered = self.group.exchange(self.rank, obj)

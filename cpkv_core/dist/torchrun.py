@@ -5,7 +5,9 @@ of ``--nnodes`` machines, rendezvouses them, and hands each its place in the env
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
 ``TORCHELASTIC_RUN_ID``). ``torchrun_env`` reads that place; ``TorchrunGroup`` joins the default
 group with ``env://`` rendezvous and runs the same rank body ``spawn_group`` runs, then
-gathers every rank's result to rank 0.
+gathers every rank's result to rank 0 as typed frames (``frames.py``) through a tensor
+collective: rank 0 decodes only the annotated result type, so a peer (which may be on
+another machine) cannot run code in it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import TypeVar, cast
 import torch
 
 from cpkv_core.dist import comm as comm_mod
-from cpkv_core.dist.launch import ProgressEvent, dumps, loads, progress_to
+from cpkv_core.dist.launch import ProgressEvent, progress_to
+from cpkv_core.dist.rank_body import rank_signature
+from cpkv_core.dist.value_collectives import broadcast_value, gather_value
 
 __all__ = ["TORCHRUN_VARIABLES", "TorchrunEnv", "TorchrunGroup", "torchrun_env"]
 
@@ -152,7 +156,12 @@ class TorchrunGroup:
 
         Returns:
             On rank 0 every rank's result in rank order; None on the other ranks.
+
+        Raises:
+            FrameError: on rank 0, a rank sent bytes that are not a frame of ``fn``'s
+                return annotation.
         """
+        result_type = rank_signature(fn).result
         comm = comm_mod.TorchDistCommunicator()
         sink = None
         if on_progress is not None and self.rank == 0:
@@ -162,14 +171,12 @@ class TorchrunGroup:
 
         with progress_to(sink):
             value = fn(comm, *args)
-        # NOTE: bytes by torch.save, as spawn_group's children send them (float8 tensors).
-        gathered = comm.gather_objects(dumps(value))
-        if gathered is None:
-            return None
-        return [cast(T, loads(cast(bytes, payload))) for payload in gathered]
+        gathered = gather_value(comm, value, result_type)
+        return None if gathered is None else cast(list[T], gathered)
 
     def share_exit_code(self, code: int | None) -> int:
         """Rank 0's ``code`` on every rank (others pass None), so that all exit alike."""
-        shared = comm_mod.TorchDistCommunicator().broadcast_object(code)
+        comm = comm_mod.TorchDistCommunicator()
+        shared = broadcast_value(comm, code, int | None, "exit code")
         assert isinstance(shared, int), f"rank {self.rank} got exit code {shared!r}"
         return shared

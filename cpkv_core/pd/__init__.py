@@ -3,10 +3,11 @@
 Entry points: ``PdSender`` on every prefill rank, ``serve_decode`` in the decode process.
 """
 
-from cpkv_core.pd.decode import DecodeServer, serve_decode
+from cpkv_core.dist.typed.tensor_data import TensorData, from_data, to_data
+from cpkv_core.pd.decode import DecodeServer, Started, serve_decode
 from cpkv_core.pd.prefill import PdSender
 from cpkv_core.pd.probe import ConcurrentWrite, LargeWrite, time_baselines
-from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown, TensorData
+from cpkv_core.pd.protocol import Report, ReportReply, RequestReport, Shutdown
 from cpkv_core.pd.target import (
     AFTER_TRACE,
     MIN_WRITE_BYTES,
@@ -15,7 +16,6 @@ from cpkv_core.pd.target import (
     PdTarget,
     SendResult,
 )
-from cpkv_core.pd.tensor_data import from_data, to_data
 from cpkv_core.pd.transport import LOOPBACK
 from cpkv_core.pd.wire import Message, WireError, call, decode, encode
 from cpkv_core.pd.writer import WriteStats
@@ -37,6 +37,7 @@ __all__ = [
     "RequestReport",
     "SendResult",
     "Shutdown",
+    "Started",
     "TensorData",
     "WireError",
     "WriteStats",

@@ -17,12 +17,14 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
 from cpkv_core.config import IndexKDtype, ModelConfig
+from cpkv_core.dist.typed import encode_frame
 from cpkv_core.pd.attempt import Attempt, AttemptState
 from cpkv_core.pd.control import ControlServer
 from cpkv_core.pd.decode_report import request_report
@@ -282,6 +284,11 @@ class DecodeServer(ControlServer):
             return ReportReply(tuple(reports), self.scheduler.allocator.num_free_pages)
 
 
+Started: TypeAlias = tuple[tuple[str, int], str]
+"""What a decode process reports to its parent once it listens: its control address and
+its Mooncake session."""
+
+
 def serve_decode(
     cfg: ModelConfig,
     page_size: int,
@@ -289,15 +296,16 @@ def serve_decode(
     num_pages: int,
     timeout_s: float,
     authkey: bytes,
-    started: Any,
+    started: Connection,
     die_on_done_of: str | None = None,
     host: str = LOOPBACK,
 ) -> None:
-    """Process entry point: builds the server on ``host``, reports its addresses on
-    ``started``, serves."""
+    """Process entry point: builds the server on ``host``, reports its addresses on the
+    pipe ``started`` (a typed frame of ``Started``, never a pickle), serves."""
     torch.set_num_threads(1)
     server = DecodeServer(
         cfg, page_size, index_k_dtype, num_pages, timeout_s, authkey, die_on_done_of, host
     )
-    started.put((server.address, server.transport.session))
+    started.send_bytes(encode_frame((server.address, server.transport.session), Started))
+    started.close()
     server.serve_forever()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from cpkv_core.dist.typed.tensor_data import to_data
 from cpkv_core.pd.attempt import Attempt, AttemptState
 from cpkv_core.pd.protocol import RequestReport
-from cpkv_core.pd.tensor_data import to_data
 from cpkv_core.planning import BatchSpec, RequestSpec, ScheduledRequest, Scheduler
 from cpkv_core.runtime.reference import ReferenceModel
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cpkv_core.dist.typed.tensor_data import TensorData
+
 
 @dataclass(frozen=True, slots=True)
 class Alloc:
@@ -106,18 +108,6 @@ class Verdict:
 @dataclass(frozen=True, slots=True)
 class Report:
     """Asks the decode server for every request's state, rebuilt KV and decode step."""
-
-
-@dataclass(frozen=True, slots=True)
-class TensorData:
-    """A tensor as plain data: its dtype's name, its shape and its bytes (C order, the
-    hosts' native byte order, little-endian on every supported platform)."""
-
-    dtype: str
-    """``torch`` dtype name without the ``torch.`` prefix, e.g. ``"bfloat16"``."""
-    shape: tuple[int, ...]
-    data: bytes
-    """``prod(shape) * itemsize`` bytes."""
 
 
 @dataclass(frozen=True, slots=True)

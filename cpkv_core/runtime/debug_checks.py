@@ -24,6 +24,7 @@ import torch
 
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.dist.comm import Communicator
+from cpkv_core.dist.value_collectives import gather_value
 from cpkv_core.planning import (
     HostPlan,
     KvLayout,
@@ -200,11 +201,11 @@ class DebugChecks:
         """Every token row in use was stored by its owner only (sharded) or by every rank
         (replicated), and by no other rank."""
         engine = self.engine
-        written = engine.comm.gather_objects(sorted(self.written_locs))
+        written = gather_value(engine.comm, sorted(self.written_locs), list[int], "token rows")
         if written is None:
             return
         in_use = self.locs_in_use
-        sets = [set(locs) for locs in written if isinstance(locs, list)]
+        sets = [set(locs) for locs in written]
         if engine.kv_layout is KvLayout.REPLICATED:
             bad = [rank for rank, locs in enumerate(sets) if locs != in_use]
             if bad:

@@ -102,6 +102,12 @@ class _Tagged:
     def barrier(self) -> None:
         self.comm.barrier()
 
+    def gather_bytes(self, data: bytes) -> list[bytes] | None:
+        return self.comm.gather_bytes(data)
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        return self.comm.broadcast_bytes(data)
+
     def gather_objects(self, obj: object) -> list[object] | None:
         return self.comm.gather_objects(obj)
 

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from cpkv_core.config import IndexKDtype, ModelConfig
 from cpkv_core.dist.comm import Communicator
+from cpkv_core.dist.value_collectives import broadcast_value, gather_value
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, arena_bytes, carve_layers
 
 __all__ = [
@@ -106,6 +107,8 @@ def sharing_for(places: Sequence[RankPlace], device: torch.device) -> PoolSharin
 
 
 def _all_gather_objects(comm: Communicator, obj: object) -> list[object]:
+    """Every rank's ``obj`` on every rank, pickled: for handles between the ranks of one
+    host only (``check_one_host`` ran first)."""
     gathered = comm.broadcast_object(comm.gather_objects(obj))
     assert isinstance(gathered, list), f"rank {comm.rank} got {type(gathered)} for a gather"
     return gathered
@@ -205,8 +208,11 @@ def open_shared_pools(
     Raises:
         PeerReadRefused: the ranks span hosts, or cannot share pools on ``device``.
     """
+    # NOTE: places travel as typed frames: a peer on another host is refused before any
+    # pickled handle crosses.
     place = RankPlace(socket.gethostname(), os.getpid())
-    places = [p for p in _all_gather_objects(comm, place) if isinstance(p, RankPlace)]
+    gathered = gather_value(comm, place, RankPlace, "place")
+    places: list[RankPlace] = broadcast_value(comm, gathered, list[RankPlace], "places")
     sharing = sharing_for(places, device)
     nbytes = arena_bytes(cfg, num_pages, page_size, dtype)
     arena, path = _new_arena(sharing, nbytes, device)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
@@ -25,6 +24,9 @@ class TraceError(ValueError):
         source: The file name (or ``"<trace>"``) the trace came from.
         line: 1-based line number in the source, or None when the error is not about a line.
         field: Dotted path of the offending field, e.g. ``requests[1].extend_len``, or None.
+
+    From a spawned rank it reaches the launcher as typed data (``dist.rank_errors``): these
+    attributes are the record's fields.
     """
 
     def __init__(
@@ -44,10 +46,6 @@ class TraceError(ValueError):
         where = self.source if self.line is None else f"{self.source}:{self.line}"
         what = self.reason if self.field is None else f"{self.field}: {self.reason}"
         return f"{where}: {what}"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # NOTE: keeps the attributes when the error crosses a process boundary (pickle).
-        return (type(self), (self.reason, self.source, self.line, self.field))
 
 
 _LINE_CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True)

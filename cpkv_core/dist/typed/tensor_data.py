@@ -1,18 +1,25 @@
-"""Tensors as plain data for the control channel: dtype name, shape and raw bytes, no pickle."""
+"""Tensors as plain data: dtype name, shape and raw bytes, never a pickle.
+
+The PD control channel (``pd/wire.py``) and the typed frames ranks send their launcher
+(``frames.py``) both carry tensors this way.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from cpkv_core.pd.protocol import TensorData
+__all__ = ["DTYPES", "TensorData", "from_data", "to_data"]
 
 DTYPES: dict[str, torch.dtype] = {
     str(dtype).removeprefix("torch."): dtype
     for dtype in (
+        torch.bool,
         torch.uint8,
         torch.int8,
+        torch.int16,
         torch.int32,
         torch.int64,
         torch.float16,
@@ -24,6 +31,18 @@ DTYPES: dict[str, torch.dtype] = {
     )
 }
 """The dtypes a ``TensorData`` may name."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorData:
+    """A tensor as plain data: its dtype's name, its shape and its bytes (C order, the
+    hosts' native byte order, little-endian on every supported platform)."""
+
+    dtype: str
+    """``torch`` dtype name without the ``torch.`` prefix, e.g. ``"bfloat16"``."""
+    shape: tuple[int, ...]
+    data: bytes
+    """``prod(shape) * itemsize`` bytes."""
 
 
 def to_data(tensor: torch.Tensor) -> TensorData:
