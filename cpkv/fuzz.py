@@ -28,8 +28,9 @@ from typer.testing import CliRunner
 from cpkv_core.traces import TraceError, parse_trace_text
 from flags import check_flags, resolve_flags
 from flags.model import FLAG_SPECS, PHASE_FIELDS, TOML_KEYS
-from flags.sglang_args import SWITCHES, VALUED, read_sglang
+from flags.sglang_args import FLAG_OPTIONS, read_sglang
 from flags.sglang_batch import batch_from_forward_batch
+from flags.sglang_seed import SEED_NAMES
 from flags.sources import parse_config_text
 from phases import PhaseId
 
@@ -127,14 +128,18 @@ def _cli_values(st: Any) -> Any:
 
 def _sglang_args(st: Any) -> Any:
     token = st.one_of(
-        st.sampled_from(sorted([*SWITCHES, *VALUED, "--tp", "--dp", "--model-path", "python"])),
+        st.sampled_from(
+            sorted([*FLAG_OPTIONS, *SEED_NAMES, "--tp", "--dp", "--model-path", "python"])
+        ),
         st.sampled_from(["1", "0", "-3", "64", "zigzag", "interleave", "x", "true", "'", '"']),
         st.sampled_from(["SGLANG_DEBUG_CP_SHARED_KV=1", "CPKV_MAX_PHASE=9", "CPKV_X=y"]),
         st.text(max_size=8),
     )
     joined = st.lists(token, max_size=8).map(" ".join)
     pairs = st.lists(
-        st.tuples(st.sampled_from(sorted(VALUED)), token).map(lambda p: f"{p[0]}={p[1]}"),
+        st.tuples(st.sampled_from(sorted([*FLAG_OPTIONS, *SEED_NAMES])), token).map(
+            lambda p: f"{p[0]}={p[1]}"
+        ),
         max_size=4,
     ).map(" ".join)
     return st.one_of(joined, pairs)
