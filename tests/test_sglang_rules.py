@@ -44,6 +44,7 @@ CASES: list[tuple[SglangRule, str]] = [
     (RULES["cp_indivisible"], "dsv32-interleave-cp3-indivisible"),
     (RULES["cp_indivisible"], "glm5-interleave-attn-cp4-attn-dp4"),
     (RULES["moe_dp"], "glm5-moe-dp2-without-cp"),
+    (RULES["moe_dp"], "glm5-zigzag-moe-dp8"),
     (RULES["dcp_below_one"], "dsv32-dcp0"),
     (RULES["dcp_with_prefill_cp"], "glm5fp8-dcp-with-cp"),
     (RULES["pd_prefill_fake"], "glm5-prefill-fake"),
