@@ -18,12 +18,13 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import operator
 import sys
-import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # NOTE: run as a file, not a package
+
+from sglang_wheel_ast import Scope, Wheel, evaluate, evaluate_name
 
 SGLANG_VERSION = "0.5.23"
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,13 +36,6 @@ SERVER_ARGS = "sglang/srt/server_args.py"
 FIELD_ORDER = "sglang/srt/arg_groups/field_order.py"
 
 _SCALAR_TYPES = {"int": "int", "float": "float", "str": "str"}
-_OPERATORS: dict[type[ast.operator], Any] = {
-    ast.Add: operator.add,
-    ast.Mult: operator.mul,
-    ast.Pow: operator.pow,
-    ast.LShift: operator.lshift,
-}
-_BUILTIN_TYPES = {"str": str, "int": int, "float": float}
 _TYPE_PARSERS = {"json.loads": "loads"}
 """``type_parser=`` expressions whose runtime ``__name__`` differs from their spelling."""
 
@@ -50,206 +44,6 @@ def find_wheel(directory: Path = WHEEL_DIR) -> Path | None:
     """The pinned wheel in ``directory`` (``sglang-0.5.23-*.whl``), or None."""
     found = sorted(directory.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
     return found[0] if found else None
-
-
-class _Wheel:
-    """The wheel's Python sources, parsed on demand."""
-
-    def __init__(self, path: Path) -> None:
-        self._zip = zipfile.ZipFile(path)
-        self._trees: dict[str, ast.Module] = {}
-
-    def module(self, path: str) -> ast.Module:
-        if path not in self._trees:
-            self._trees[path] = ast.parse(self._zip.read(path).decode(), path)
-        return self._trees[path]
-
-    def names(self, prefix: str) -> list[str]:
-        return sorted(n for n in self._zip.namelist() if n.startswith(prefix) and n.endswith(".py"))
-
-
-def _module_path(dotted: str) -> str:
-    return dotted.replace(".", "/") + ".py"
-
-
-@dataclass
-class _Scope:
-    """Where a name is looked up: a function's locals, a class body, then its module."""
-
-    wheel: _Wheel
-    path: str
-    local: dict[str, Any] = field(default_factory=dict)
-    """Names bound in a function: an ``ast.expr``, an :class:`_Imported` or a :class:`_Bound`."""
-    classes: tuple[ast.ClassDef, ...] = ()
-
-    def module_defs(self) -> dict[str, Any]:
-        defs: dict[str, Any] = {}
-        for node in self.wheel.module(self.path).body:
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    if isinstance(target, ast.Name):
-                        defs[target.id] = node.value
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if node.value is not None:
-                    defs[node.target.id] = node.value
-            elif isinstance(node, ast.ClassDef | ast.FunctionDef):
-                defs[node.name] = node
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                for alias in node.names:
-                    defs[alias.asname or alias.name] = _Imported(node.module, alias.name)
-        return defs
-
-
-@dataclass(frozen=True)
-class _Imported:
-    """A name a module imports: evaluated in the module it comes from."""
-
-    module: str
-    name: str
-
-
-@dataclass(frozen=True)
-class _Bound:
-    """A comprehension variable's current value."""
-
-    value: Any
-
-
-def _evaluate(node: ast.AST, scope: _Scope) -> Any:
-    """A constant expression of SGLang's flag declarations, evaluated without importing it."""
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.List | ast.Tuple):
-        values = [_evaluate(e, scope) for e in node.elts]
-        return values if isinstance(node, ast.List) else tuple(values)
-    if isinstance(node, ast.Set):
-        return {_evaluate(e, scope) for e in node.elts}
-    if isinstance(node, ast.Dict):
-        return {
-            _evaluate(k, scope): _evaluate(v, scope)
-            for k, v in zip(node.keys, node.values, strict=True)
-            if k is not None
-        }
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_evaluate(node.operand, scope)
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-        return _OPERATORS[type(node.op)](_evaluate(node.left, scope), _evaluate(node.right, scope))
-    if isinstance(node, ast.Name):
-        return _evaluate_name(node.id, scope)
-    if isinstance(node, ast.Attribute):
-        return _evaluate_attribute(node, scope)
-    if isinstance(node, ast.Call):
-        return _evaluate_call(node, scope)
-    if isinstance(node, ast.ListComp):
-        return _evaluate_listcomp(node, scope)
-    if isinstance(node, ast.FunctionDef):
-        return lambda: _evaluate_function(node, scope)
-    if isinstance(node, ast.ClassDef):
-        return _ClassValue(node, scope)
-    raise ValueError(f"{scope.path}: cannot evaluate {ast.unparse(node)}")
-
-
-@dataclass(frozen=True)
-class _ClassValue:
-    node: ast.ClassDef
-    scope: _Scope
-
-    def attribute(self, name: str) -> Any:
-        for statement in self.node.body:
-            if isinstance(statement, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == name for t in statement.targets
-            ):
-                inner = _Scope(self.scope.wheel, self.scope.path, {}, (self.node,))
-                return _evaluate(statement.value, inner)
-        raise ValueError(f"{self.scope.path}: {self.node.name} has no {name}")
-
-    def members(self) -> list[str]:
-        """An enum's member names, in declaration order."""
-        return [
-            t.id
-            for s in self.node.body
-            if isinstance(s, ast.Assign)
-            for t in s.targets
-            if isinstance(t, ast.Name) and not t.id.startswith("_")
-        ]
-
-
-def _evaluate_name(name: str, scope: _Scope) -> Any:
-    if name in scope.local:
-        return _evaluate_binding(scope.local[name], scope)
-    for cls in reversed(scope.classes):
-        for statement in cls.body:
-            if isinstance(statement, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == name for t in statement.targets
-            ):
-                return _evaluate(statement.value, scope)
-    found = scope.module_defs().get(name)
-    if found is None and name in _BUILTIN_TYPES:
-        return _BUILTIN_TYPES[name]
-    if found is None:
-        raise ValueError(f"{scope.path}: {name} is not defined")
-    return _evaluate_binding(found, _Scope(scope.wheel, scope.path))
-
-
-def _evaluate_binding(binding: Any, scope: _Scope) -> Any:
-    if isinstance(binding, _Bound):
-        return binding.value
-    if isinstance(binding, _Imported):
-        return _evaluate_name(binding.name, _Scope(scope.wheel, _module_path(binding.module)))
-    return _evaluate(binding, scope)
-
-
-def _evaluate_attribute(node: ast.Attribute, scope: _Scope) -> Any:
-    owner = _evaluate(node.value, scope)
-    if isinstance(owner, _ClassValue):
-        return owner.attribute(node.attr)
-    if isinstance(owner, _EnumMember) and node.attr == "name":
-        return owner.name
-    if isinstance(owner, str) and node.attr == "lower":
-        return owner.lower
-    raise ValueError(f"{scope.path}: cannot evaluate {ast.unparse(node)}")
-
-
-@dataclass(frozen=True)
-class _EnumMember:
-    name: str
-
-
-def _evaluate_call(node: ast.Call, scope: _Scope) -> Any:
-    if isinstance(node.func, ast.Name) and node.func.id in ("set", "frozenset", "list", "tuple"):
-        if not node.args:
-            return {"set": set, "frozenset": set, "list": list, "tuple": tuple}[node.func.id]()
-        value = _evaluate(node.args[0], scope)
-        if isinstance(value, _ClassValue):
-            value = [_EnumMember(m) for m in value.members()]
-        return {"set": set, "frozenset": set, "list": list, "tuple": tuple}[node.func.id](value)
-    func = _evaluate(node.func, scope)
-    if callable(func) and not node.args:
-        return func()
-    raise ValueError(f"{scope.path}: cannot evaluate {ast.unparse(node)}")
-
-
-def _evaluate_listcomp(node: ast.ListComp, scope: _Scope) -> list[Any]:
-    (generator,) = node.generators
-    assert isinstance(generator.target, ast.Name), ast.unparse(node)
-    values = []
-    for item in _evaluate(generator.iter, scope):
-        inner = _Scope(scope.wheel, scope.path, dict(scope.local), scope.classes)
-        inner.local[generator.target.id] = _Bound(item)
-        values.append(_evaluate(node.elt, inner))
-    return values
-
-
-def _evaluate_function(node: ast.FunctionDef, scope: _Scope) -> Any:
-    """A zero-argument helper's last return value; its own imports resolve in the wheel."""
-    local: dict[str, Any] = {}
-    for statement in ast.walk(node):
-        if isinstance(statement, ast.ImportFrom) and statement.module:
-            for alias in statement.names:
-                local[alias.asname or alias.name] = _Imported(statement.module, alias.name)
-    returns = [s for s in node.body if isinstance(s, ast.Return) and s.value is not None]
-    inner = _Scope(scope.wheel, scope.path, local)
-    return _evaluate(returns[-1].value, inner)  # type: ignore[arg-type]
 
 
 # --- types: the rules of arg_utils._unwrap_optional / _unwrap_literal / _infer_type_func ---
@@ -324,7 +118,7 @@ def _choices(value: Any) -> list[Any] | None:
     return list(value)
 
 
-def _default(node: ast.expr | None, scope: _Scope) -> dict[str, Any]:
+def _default(node: ast.expr | None, scope: Scope) -> dict[str, Any]:
     if node is None:
         return {"default": None, "has_default": False}
     if (
@@ -336,7 +130,7 @@ def _default(node: ast.expr | None, scope: _Scope) -> dict[str, Any]:
         factory = ast.unparse(node.keywords[0].value)
         return {"default": {"list": [], "dict": {}}[factory], "has_default": True}
     try:
-        value = _evaluate(node, scope)
+        value = evaluate(node, scope)
     except ValueError:
         return {"default": None, "default_expr": ast.unparse(node), "has_default": True}
     if isinstance(value, tuple):
@@ -363,27 +157,27 @@ def _arg_meta(annotation: ast.expr) -> tuple[ast.expr, dict[str, ast.expr]] | No
 
 
 def _field_option(
-    name: str, annotation: ast.expr, value: ast.expr | None, scope: _Scope
+    name: str, annotation: ast.expr, value: ast.expr | None, scope: Scope
 ) -> dict[str, Any] | None:
     """One field's option, by the rules of ``arg_utils.add_cli_args_from_dataclass``."""
     meta = _arg_meta(annotation)
     if meta is None:
         return None
     inner_node, arg = meta
-    if "no_cli" in arg and _evaluate(arg["no_cli"], scope):
+    if "no_cli" in arg and evaluate(arg["no_cli"], scope):
         return None
     cli_name = (
-        _evaluate(arg["cli_name"], scope) if "cli_name" in arg else "--" + name.replace("_", "-")
+        evaluate(arg["cli_name"], scope) if "cli_name" in arg else "--" + name.replace("_", "-")
     )
-    aliases = _evaluate(arg["aliases"], scope) if "aliases" in arg else []
+    aliases = evaluate(arg["aliases"], scope) if "aliases" in arg else []
     names = [cli_name, *(aliases or [])]
     default = _default(value, scope)
-    choices = _choices(_evaluate(arg["choices"], scope)) if "choices" in arg else None
-    nargs = _evaluate(arg["nargs"], scope) if "nargs" in arg else None
+    choices = _choices(evaluate(arg["choices"], scope)) if "choices" in arg else None
+    nargs = evaluate(arg["nargs"], scope) if "nargs" in arg else None
     parser = ast.unparse(arg["type_parser"]) if "type_parser" in arg else None
     if "action" in arg:
         action = ast.unparse(arg["action"])
-        kwargs = _evaluate(arg["action_kwargs"], scope) if "action_kwargs" in arg else {}
+        kwargs = evaluate(arg["action_kwargs"], scope) if "action_kwargs" in arg else {}
         kind = {"argparse.BooleanOptionalAction": "boolean_optional"}.get(action, action)
         if kind == "boolean_optional":
             names = [n for cli in names for n in (cli, "--no-" + cli[2:])]
@@ -411,7 +205,7 @@ def _field_option(
         return _option(names, name, "store_true", **default)
     type_name = _TYPE_PARSERS.get(parser or "", parser) or _infer_type(tree)
     required_node = arg.get("required")
-    required = _evaluate(required_node, scope) if required_node is not None else None
+    required = evaluate(required_node, scope) if required_node is not None else None
     is_required = required is True or (required is None and not default["has_default"])
     return _option(
         names,
@@ -425,7 +219,7 @@ def _field_option(
     )
 
 
-def _namespace_classes(wheel: _Wheel) -> list[tuple[str, ast.ClassDef, str]]:
+def _namespace_classes(wheel: Wheel) -> list[tuple[str, ast.ClassDef, str]]:
     """``(class name, class node, module path)`` in ``_INPUT_NAMESPACES`` order."""
     server = wheel.module(SERVER_ARGS)
     order = next(
@@ -443,15 +237,15 @@ def _namespace_classes(wheel: _Wheel) -> list[tuple[str, ast.ClassDef, str]]:
     return [(name, *classes[name]) for name in order]
 
 
-def _field_options(wheel: _Wheel) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _field_options(wheel: Wheel) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The fields' options in ``ServerArgs`` order, and every field's default."""
-    collected: dict[str, tuple[ast.expr, ast.expr | None, _Scope]] = {}
+    collected: dict[str, tuple[ast.expr, ast.expr | None, Scope]] = {}
     for _, cls, path in _namespace_classes(wheel):
-        scope = _Scope(wheel, path, classes=())
+        scope = Scope(wheel, path, classes=())
         for statement in cls.body:
             if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
                 collected[statement.target.id] = (statement.annotation, statement.value, scope)
-    positional = _evaluate_name("POSITIONAL_FIELD_ORDER", _Scope(wheel, FIELD_ORDER))
+    positional = evaluate_name("POSITIONAL_FIELD_ORDER", Scope(wheel, FIELD_ORDER))
     ordered = [n for n in positional if n in collected]
     ordered += [n for n in collected if n not in set(positional)]
     options = []
@@ -466,7 +260,7 @@ def _field_options(wheel: _Wheel) -> tuple[list[dict[str, Any]], dict[str, Any]]
     return options, defaults
 
 
-def _manual_options(wheel: _Wheel) -> list[dict[str, Any]]:
+def _manual_options(wheel: Wheel) -> list[dict[str, Any]]:
     """The ``parser.add_argument`` calls of ``ServerArgs.add_cli_args``."""
     server = wheel.module(SERVER_ARGS)
     method = next(
@@ -485,14 +279,14 @@ def _manual_options(wheel: _Wheel) -> list[dict[str, Any]]:
         call = statement.value if isinstance(statement, ast.Expr) else None
         if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "parser.add_argument"):
             continue
-        options.append(_manual_option(call, _Scope(wheel, SERVER_ARGS, local)))
+        options.append(_manual_option(call, Scope(wheel, SERVER_ARGS, local)))
     return options
 
 
-def _manual_option(call: ast.Call, scope: _Scope) -> dict[str, Any]:
-    names = [_evaluate(a, scope) for a in call.args]
+def _manual_option(call: ast.Call, scope: Scope) -> dict[str, Any]:
+    names = [evaluate(a, scope) for a in call.args]
     kw = {k.arg: k.value for k in call.keywords if k.arg}
-    dest = _evaluate(kw["dest"], scope) if "dest" in kw else names[0][2:].replace("-", "_")
+    dest = evaluate(kw["dest"], scope) if "dest" in kw else names[0][2:].replace("-", "_")
     action = ast.unparse(kw["action"]) if "action" in kw else "store"
     kind = {
         "'store_true'": "store_true",
@@ -509,26 +303,26 @@ def _manual_option(call: ast.Call, scope: _Scope) -> dict[str, Any]:
         dest,
         kind,
         type=ast.unparse(kw["type"]) if "type" in kw else None,
-        choices=_choices(_evaluate(kw["choices"], scope)) if "choices" in kw else None,
+        choices=_choices(evaluate(kw["choices"], scope)) if "choices" in kw else None,
         **default,
     )
     if "new_flag" in kw:
-        row["new_flag"] = _evaluate(kw["new_flag"], scope)
+        row["new_flag"] = evaluate(kw["new_flag"], scope)
     if "const_value" in kw:
-        row["const"] = _evaluate(kw["const_value"], scope)
+        row["const"] = evaluate(kw["const_value"], scope)
     return row
 
 
-def _evaluate_default_call(node: ast.expr, scope: _Scope) -> dict[str, Any]:
+def _evaluate_default_call(node: ast.expr, scope: Scope) -> dict[str, Any]:
     """``default=_declared_default("name")`` is the field's own default: recorded as such."""
     if isinstance(node, ast.Call) and ast.unparse(node.func) == "_declared_default":
-        return {"default": None, "default_of_field": _evaluate(node.args[0], scope)}
-    return {"default": _evaluate(node, scope)}
+        return {"default": None, "default_of_field": evaluate(node.args[0], scope)}
+    return {"default": evaluate(node, scope)}
 
 
 def read_wheel_table(wheel_path: Path) -> dict[str, Any]:
     """Every option ``sglang serve`` parses, in registration order, read from the wheel."""
-    wheel = _Wheel(wheel_path)
+    wheel = Wheel(wheel_path)
     options = [_option(["-h", "--help"], "help", "help")]
     fields, defaults = _field_options(wheel)
     manual = _manual_options(wheel)
