@@ -58,6 +58,15 @@ def flags_command(
             help="Read the flags of an SGLang launch command instead.",
         ),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            metavar="PRESET",
+            help="With --from-sglang: the model preset whose SGLang rules apply "
+            "(default: the one --model-path names).",
+        ),
+    ] = None,
     set_values: Annotated[
         list[str] | None,
         typer.Option(
@@ -75,8 +84,10 @@ def flags_command(
         if from_sglang is not None:
             if config is not None or set_values:
                 raise FlagError("--from-sglang reads only that command line; drop --config/--set")
-            imported = read_sglang(from_sglang)
+            imported = read_sglang(from_sglang, model)
             resolved = imported.resolved
+        elif model is not None:
+            raise FlagError("--model names the model of an SGLang command: add --from-sglang")
         else:
             cli = dict(parse_set_option(item) for item in set_values or [])
             resolved = resolve_flags(config, cli)

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from cpkv_core.config import CpMode
+from cpkv_core.config import MODEL_PRESETS, CpMode
 from flags.checks import Problem
 from flags.model import FLAG_SPECS, FlagError, FlagSet, field_type
 from flags.sglang_models import sglang_model
@@ -159,6 +159,8 @@ def read_sglang(args: str, preset: str | None = None) -> SglangImport:
             refuses it (:class:`flags.sglang_parser.SglangArgError`, naming the closest
             option), or a seed-series name is malformed.
     """
+    if preset is not None and preset not in MODEL_PRESETS:
+        raise FlagError(f"--model must be one of {', '.join(MODEL_PRESETS)}, got {preset!r}")
     env, argv = split_launch(args)
     translated = translate_seed(argv)
     parsed = parse_sglang_argv(translated.argv)

@@ -32,21 +32,15 @@ DEEPSEEK_V32 = SglangModel("DeepseekV32ForCausalLM", dsa=True)
 GLM5 = SglangModel("GlmMoeDsaForCausalLM", dsa=True)
 DEEPSEEK_V3 = SglangModel("DeepseekV3ForCausalLM", dsa=False)
 
-MODELS_BY_NAME: dict[str, SglangModel] = {
-    "deepseek-v3.2": DEEPSEEK_V32,
-    "deepseek-v3.2-exp": DEEPSEEK_V32,
-    "deepseek-v3.2-speciale": DEEPSEEK_V32,
-    "glm-5": GLM5,
-    "glm-5-fp8": GLM5,
-    "deepseek-v3": DEEPSEEK_V3,
-    "deepseek-v3-0324": DEEPSEEK_V3,
-    "deepseek-v3.1": DEEPSEEK_V3,
-    "deepseek-v3.1-terminus": DEEPSEEK_V3,
-    "deepseek-r1": DEEPSEEK_V3,
-    "deepseek-r1-0528": DEEPSEEK_V3,
-}
-"""The last part of a model path, lower-cased, to its model (a local directory named like
-the Hugging Face repository maps the same way)."""
+MODEL_FAMILIES: tuple[tuple[str, SglangModel], ...] = (
+    ("deepseek-v3.2", DEEPSEEK_V32),
+    ("glm-5", GLM5),
+    ("deepseek-v3", DEEPSEEK_V3),
+    ("deepseek-r1", DEEPSEEK_V3),
+)
+"""Name prefixes of the last part of a model path, lower-cased with ``_`` read as ``-``, to
+their model, first match wins: ``DeepSeek-V3.2-Exp``, ``GLM-5-FP8``, ``DeepSeek-R1-0528``.
+A local directory named like the Hugging Face repository maps the same way."""
 
 GQA = SglangModel("(a GQA model)", dsa=False, mla=False)
 """A grouped-query attention model: no model rule of SGLang's touches its CP or page size."""
@@ -63,7 +57,10 @@ def sglang_model(model_path: str | None, preset: str | None = None) -> SglangMod
         return MODELS_BY_PRESET.get(preset)
     if model_path is None:
         return None
-    name = model_path.rstrip("/").rsplit("/", 1)[-1].lower()
+    name = model_path.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", "-")
+    for prefix, model in MODEL_FAMILIES:
+        if name.startswith(prefix):
+            return model
     if name.startswith(GQA_FAMILIES) and "next" not in name:
         return GQA
-    return MODELS_BY_NAME.get(name)
+    return None

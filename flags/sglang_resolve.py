@@ -135,7 +135,8 @@ def _model_rules(state: Resolving) -> None:
         path = state["model_path"]
         state.notes.append(
             f"model {path!r} is not one cpkv knows (DeepSeek-V3.2, GLM-5, DeepSeek-V3/R1): "
-            "SGLang's model rules (CP size, page size, KV dtype) are not applied"
+            "SGLang's model rules (CP size, page size, KV dtype) are not applied; name the "
+            "model with --model PRESET"
         )
         return
     if model.dsa:

@@ -217,3 +217,16 @@ def test_enable_creates_the_default_config_file(
     assert result.exit_code == 0, result.output
     assert "enable-nsa-prefill-cp-narrow-output = true" in (tmp_path / "cpkv.toml").read_text()
     assert "enabled phases: 1" in result.stdout
+
+
+def test_flags_from_sglang_follows_the_model_preset_given(app: typer.Typer) -> None:
+    launch = "python -m sglang.launch_server --model-path /models/ckpt --tp 8 --enable-prefill-cp"
+    launch += " --cp-strategy zigzag"
+    code, doc = invoke(app, "flags", "--from-sglang", launch)
+    assert (code, doc["sglang"]["cp_size"], doc["sglang"]["model"]) == (0, 1, None)
+    assert any("name the model with --model PRESET" in note for note in doc["notes"])
+    code, doc = invoke(app, "flags", "--from-sglang", launch, "--model", "deepseek-v3.2")
+    assert code == 1 and doc["sglang"]["model"] == "DeepseekV32ForCausalLM"
+    assert [p["code"] for p in doc["problems"]] == ["SGLANG_CP_STRATEGY_UNSUPPORTED"]
+    result = runner.invoke(app, ["flags", "--model", "glm-5"])
+    assert result.exit_code == 2 and "add --from-sglang" in result.stderr

@@ -197,3 +197,19 @@ def test_reads_every_kind_of_sglang_option(args: str, dest: str, value: object) 
 def test_refuses_bad_values_of_special_options(args: str, words: str) -> None:
     with pytest.raises(SglangArgError, match=words):
         read_sglang(f"{LAUNCH} {args}")
+
+
+@pytest.mark.parametrize(
+    ("path", "architecture"),
+    [
+        ("deepseek-ai/DeepSeek-V3.2-Exp", "DeepseekV32ForCausalLM"),
+        ("/models/deepseek_v3.2_speciale/", "DeepseekV32ForCausalLM"),
+        ("zai-org/GLM-5-FP8", "GlmMoeDsaForCausalLM"),
+        ("deepseek-ai/DeepSeek-R1-0528", "DeepseekV3ForCausalLM"),
+        ("/models/ckpt", None),
+    ],
+)
+def test_model_rules_follow_the_model_path_s_family(path: str, architecture: str | None) -> None:
+    imported = read_sglang(f"sglang serve --model-path {path} --tp 8")
+    model = imported.sglang.model
+    assert (model.architecture if model else None) == architecture
