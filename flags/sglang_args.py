@@ -102,12 +102,7 @@ class SglangImport:
         """Where field ``dest`` came from: ``sglang:FILE`` (relative to ``arg_groups/``) of
         the rule that resolved it, ``sglang:OPTION`` as the command gave it, else
         ``default``."""
-        if dest in self.sglang.declared:
-            return f"sglang:{self.sglang.declared[dest].removeprefix(ARG_GROUPS)}"
-        option = self.sglang.given.get(dest)
-        if option is None:
-            return "default"
-        return f"sglang:{self.renamed.get(option, option)}"
+        return _source(self.sglang, self.renamed, dest)
 
     @property
     def ignored(self) -> tuple[str, ...]:
@@ -166,30 +161,18 @@ def read_sglang(args: str, preset: str | None = None) -> SglangImport:
     parsed = parse_sglang_argv(translated.argv)
     model = sglang_model(parsed.values["model_path"], preset)
     resolution = resolve_sglang(parsed, {k: env[k] for k in RULE_ENV if k in env}, model)
-    partial = SglangImport(ResolvedFlags(FlagSet(), {}), resolution, (), {}, (), translated.renamed)
-    layer = _resolved_layer(partial)
+    layer = _resolved_layer(resolution, translated.renamed)
     for name, (raw, source) in translated.extra.items():
         layer.update(cli_layer({name: raw}, source))
     layer.update(_env_layer(env))
     flags, sources = merge_layers(layer)
-    notes = _notes(resolution) + list(resolution.notes)
-    sharding = resolution.values["enable_kv_cache_sharding"]
-    if sharding and resolution.cp_size == 1 and not resolution.problems:
-        notes.append(
-            "--enable-kv-cache-sharding without prefill CP shards over the attention-TP group "
-            "(plain-TP MLA); cpkv's phase 2 shards over CP ranks only, so it stays off"
-        )
-    if "--enable-prefill-cp" in translated.renamed and "cp_strategy" not in parsed.given:
-        notes.append(
-            "the seed series split in-seq-split (zigzag) by default; 0.5.23 has no "
-            "default --cp-strategy"
-        )
     warnings = list(translated.warnings) + list(parsed.warnings)
     if parsed.values.get("config") is not None:
         warnings.append(f"--config {parsed.values['config']}: cpkv does not read the file")
     used = {*FLAG_DESTS.values(), *resolution.read, "model_path"}
     unused = {dest: option for dest, option in resolution.given.items() if dest not in used}
     unused_env = tuple(f"{k}={v}" for k, v in env.items() if not _env_read(k))
+    notes = _notes(resolution, translated.renamed)
     return SglangImport(
         ResolvedFlags(flags, sources, notes=tuple(notes)),
         resolution,
@@ -225,26 +208,28 @@ def split_launch(args: str) -> tuple[dict[str, str], list[str]]:
     return env, tokens
 
 
-def _resolved_layer(imported: SglangImport) -> Layer:
+def _source(resolution: SglangResolution, renamed: dict[str, str], dest: str) -> str:
+    if dest in resolution.declared:
+        return f"sglang:{resolution.declared[dest].removeprefix(ARG_GROUPS)}"
+    option = resolution.given.get(dest)
+    if option is None:
+        return "default"
+    return f"sglang:{renamed.get(option, option)}"
+
+
+def _resolved_layer(resolution: SglangResolution, renamed: dict[str, str]) -> Layer:
     """cpkv's flags from the resolved fields that the command set or a rule resolved."""
     layer: Layer = {}
     for name, dest in FLAG_DESTS.items():
-        source = imported.source_of(dest)
-        if source == "default" or (
-            dest == "enable_kv_cache_sharding" and not _cp_sharded(imported)
-        ):
+        source = _source(resolution, renamed, dest)
+        phase_2 = dest == "enable_kv_cache_sharding"
+        if source == "default" or (phase_2 and resolution.cp_size == 1):
             continue
-        value = imported.sglang.values[dest]
+        value = resolution.values[dest]
         if dest == "cp_strategy":
             value = CP_STRATEGIES[value]
         layer.update(cli_layer({name: value}, source))
     return layer
-
-
-def _cp_sharded(imported: SglangImport) -> bool:
-    """True when SGLang shards KV over prefill-CP ranks, as cpkv's phase 2 does; plain-TP MLA
-    sharding over the attention-TP group is SGLang's alone."""
-    return imported.sglang.cp_size > 1
 
 
 def _env_layer(env: dict[str, str]) -> Layer:
@@ -271,8 +256,9 @@ def _env_read(variable: str) -> bool:
     return variable in RULE_ENV or any(spec.env == variable for spec in FLAG_SPECS.values())
 
 
-def _notes(resolution: SglangResolution) -> list[str]:
-    """One line per reported field a rule resolved to another value than the command's."""
+def _notes(resolution: SglangResolution, renamed: dict[str, str]) -> list[str]:
+    """A line per reported field a rule resolved to another value than the command's, then
+    the resolution's own notes, and what cpkv reads differently."""
     notes = []
     for dest, file in resolution.declared.items():
         value = resolution.values[dest]
@@ -280,4 +266,16 @@ def _notes(resolution: SglangResolution) -> list[str]:
         if dest in REPORTED and value != before:
             was = "unset" if before is None else before
             notes.append(f"{dest} resolves to {value} (command: {was}) by {SGLANG} {file}")
+    notes += resolution.notes
+    sharding = resolution.values["enable_kv_cache_sharding"]
+    if sharding and resolution.cp_size == 1 and not resolution.problems:
+        notes.append(
+            "--enable-kv-cache-sharding without prefill CP shards over the attention-TP group "
+            "(plain-TP MLA); cpkv's phase 2 shards over CP ranks only, so it stays off"
+        )
+    if "--enable-prefill-cp" in renamed and "cp_strategy" not in resolution.given:
+        notes.append(
+            "the seed series split in-seq-split (zigzag) by default; 0.5.23 has no "
+            "default --cp-strategy"
+        )
     return notes
