@@ -43,6 +43,9 @@ class TransferBackend(StrEnum):
     NIXL = "nixl"
     ASCEND = "ascend"
     FAKE = "fake"
+    MORI = "mori"
+    MOONCAKE_TCP = "mooncake_tcp"
+    """Mooncake forced onto its TCP transport; SGLang runs it as ``mooncake``."""
 
 
 class Launcher(StrEnum):
@@ -312,4 +315,6 @@ class DeploymentConfig(BaseModel):
         """The transfer engine in use, or None without PD."""
         if self.disaggregation_mode is DisaggregationMode.NULL:
             return None
+        if self.transfer_backend is TransferBackend.MOONCAKE_TCP:
+            return TransferBackend.MOONCAKE
         return self.transfer_backend

@@ -21,6 +21,8 @@ from flags.model import (
 )
 from flags.sglang_args import SglangImport, from_sglang, read_sglang
 from flags.sglang_batch import batch_from_forward_batch
+from flags.sglang_parser import SglangArgError
+from flags.sglang_table import SGLANG_VERSION
 from flags.sources import (
     CONFIG_ENV,
     DEFAULT_CONFIG,
@@ -39,6 +41,7 @@ __all__ = [
     "FLAG_SPECS",
     "PHASE_FIELDS",
     "PHASE_FLAGS",
+    "SGLANG_VERSION",
     "Action",
     "ConfigChange",
     "ConfigLocation",
@@ -48,6 +51,7 @@ __all__ = [
     "Problem",
     "ProblemCode",
     "ResolvedFlags",
+    "SglangArgError",
     "SglangImport",
     "apply_change",
     "batch_from_forward_batch",

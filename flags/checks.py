@@ -42,6 +42,49 @@ class ProblemCode(StrEnum):
     STARTUP_CONTRACT = "STARTUP_CONTRACT"
     """A flagged phase's own start-up contract (``phases``) does not hold for the
     deployment the flags describe (e.g. phase 4 with round-robin-split)."""
+    SGLANG_ATTN_DP = "SGLANG_ATTN_DP"
+    """SGLang 0.5.23 refuses the attention-DP layout (``--attn-dp-size``, ``--dp-size``)."""
+    SGLANG_CP_STRATEGY_UNSET = "SGLANG_CP_STRATEGY_UNSET"
+    """``--enable-prefill-cp`` without ``--cp-strategy``."""
+    SGLANG_CP_STRATEGY_UNSUPPORTED = "SGLANG_CP_STRATEGY_UNSUPPORTED"
+    """The model does not run this CP strategy (DeepSeek-V3.2 with zigzag)."""
+    SGLANG_CP_TP_ABOVE_8 = "SGLANG_CP_TP_ABOVE_8"
+    """DSA prefill CP with ``--tp-size`` above 8 (one machine only)."""
+    SGLANG_CP_ON_DECODE = "SGLANG_CP_ON_DECODE"
+    """Prefill CP on a PD decode worker."""
+    SGLANG_CP_SIZE_INDIVISIBLE = "SGLANG_CP_SIZE_INDIVISIBLE"
+    """``--tp-size`` is not a multiple of the CP size (times the attention-DP size)."""
+    SGLANG_MOE_DP = "SGLANG_MOE_DP"
+    """``--moe-dp-size`` does not fit the TP, EP or CP sizes."""
+    SGLANG_DCP = "SGLANG_DCP"
+    """Decode context parallelism (``--dcp-size``) below 1 or with prefill CP."""
+    SGLANG_PD_TRANSFER_BACKEND = "SGLANG_PD_TRANSFER_BACKEND"
+    """The PD transfer backend cannot serve this PD role."""
+    SGLANG_DSA_KV_CACHE_DTYPE = "SGLANG_DSA_KV_CACHE_DTYPE"
+    """A DSA model with a KV-cache dtype other than bf16 or fp8_e4m3."""
+    SGLANG_DSA_BACKEND = "SGLANG_DSA_BACKEND"
+    """A DSA attention kernel this platform or KV dtype does not run."""
+    SGLANG_DSA_CACHE_LAYER_SPLIT = "SGLANG_DSA_CACHE_LAYER_SPLIT"
+    """``--enable-dsa-cache-layer-split`` outside a PD prefill worker with interleave CP over
+    Mooncake."""
+    SGLANG_KV_SHARDING_PD_PREFILL_ONLY = "SGLANG_KV_SHARDING_PD_PREFILL_ONLY"
+    """``--enable-kv-cache-sharding`` on anything but a PD prefill worker."""
+    SGLANG_KV_SHARDING_DSA_CP = "SGLANG_KV_SHARDING_DSA_CP"
+    """DSA KV sharding without CUDA interleave prefill CP > 1 and PP 1."""
+    SGLANG_KV_SHARDING_DSA_KERNELS = "SGLANG_KV_SHARDING_DSA_KERNELS"
+    """DSA KV sharding without TRT-LLM DSA kernels, fp8_e4m3 KV and page 64."""
+    SGLANG_KV_SHARDING_DSA_TRANSFER = "SGLANG_KV_SHARDING_DSA_TRANSFER"
+    """DSA KV sharding without Mooncake, an uncompressed index_kpool=1, or with the DSA
+    cache layer split."""
+    SGLANG_KV_SHARDING_ATTENTION_BACKEND = "SGLANG_KV_SHARDING_ATTENTION_BACKEND"
+    """KV sharding with an attention backend that does not shard."""
+    SGLANG_KV_SHARDING_TRANSFER_BACKEND = "SGLANG_KV_SHARDING_TRANSFER_BACKEND"
+    """KV sharding with a transfer backend other than Mooncake or NIXL."""
+    SGLANG_KV_SHARDING_LAYOUT = "SGLANG_KV_SHARDING_LAYOUT"
+    """KV sharding without a group to shard over, a real page size or chunked prefill."""
+    SGLANG_KV_SHARDING_FEATURE = "SGLANG_KV_SHARDING_FEATURE"
+    """KV sharding with a feature it does not support (speculative decoding other than GLM
+    NextN EAGLE topk 1, HiCache storage, LMCache, HiSparse, two-batch overlap, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +98,8 @@ class Problem:
     """How to fix it; shown to people, not part of the stable text."""
     detail: str = ""
     """Free text appended after the values (a phase contract's own reason)."""
+    source: str = ""
+    """Where the rule lives when it is not cpkv's own: ``sglang 0.5.23 FILE``."""
 
     def __str__(self) -> str:
         parts = [str(self.code), *(f"{k}={_show(v)}" for k, v in self.values)]
@@ -63,12 +108,14 @@ class Problem:
         return " ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
-        """``{"code", "values", "text", "hint"}``."""
+        """``{"code", "values", "text", "hint", "source"}``; ``source`` is ``cpkv`` for
+        cpkv's own rules."""
         return {
             "code": str(self.code),
             "values": {k: _jsonable(v) for k, v in self.values},
             "text": str(self),
             "hint": self.hint,
+            "source": self.source or "cpkv",
         }
 
 

@@ -1,228 +1,281 @@
-"""Reads cpkv's flags from an SGLang launch command (both the NSA and the newer CP names)."""
+"""cpkv's one reader of SGLang launch commands: :func:`read_sglang`.
+
+A launch command (``[NAME=value ...] python -m sglang.launch_server ARGS`` or ``sglang serve
+ARGS``) goes through four steps, each its own module:
+
+1. seed-series and cpkv-only names are translated, with a warning (:mod:`flags.sglang_seed`);
+2. SGLang 0.5.23's argparse reads the rest (:mod:`flags.sglang_parser`);
+3. SGLang's resolution rules resolve CP, attention DP, page size, PD and KV sharding, and
+   report the rules the command breaks (:mod:`flags.sglang_resolve`);
+4. the resolved values become cpkv's flags, with ``sglang:...`` provenance (here).
+"""
 
 from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from cpkv_core.config import CpMode
-from flags.model import FLAG_SPECS, PHASE_FIELDS, FlagError, FlagSet, field_type
+from cpkv_core.config import MODEL_PRESETS, CpMode
+from flags.checks import Problem
+from flags.model import FLAG_SPECS, FlagError, FlagSet, field_type
+from flags.sglang_models import sglang_model
+from flags.sglang_parser import parse_sglang_argv
+from flags.sglang_resolve import SglangResolution, resolve_sglang
+from flags.sglang_rules import ARG_GROUPS
+from flags.sglang_seed import translate_seed
+from flags.sglang_table import SGLANG, SGLANG_VERSION, option_name
 from flags.sources import Layer, ResolvedFlags, cli_layer, merge_layers
 
 CP_STRATEGIES = {"zigzag": CpMode.IN_SEQ_SPLIT, "interleave": CpMode.ROUND_ROBIN_SPLIT}
 """SGLang's ``--cp-strategy`` values to cpkv's split modes."""
 
-SWITCHES: dict[str, str] = {
-    **{FLAG_SPECS[f].cli or "": f for f in PHASE_FIELDS.values()},
-    "--enable-nsa-prefill-context-parallel": "enable_nsa_prefill_context_parallel",
-    "--enable-dsa-prefill-context-parallel": "enable_nsa_prefill_context_parallel",
-    "--enable-prefill-context-parallel": "enable_nsa_prefill_context_parallel",
-    "--enable-prefill-cp": "enable_nsa_prefill_context_parallel",
-    "--enable-kv-cache-sharding": "enable_nsa_prefill_cp_shared_kv",
+FLAG_DESTS: dict[str, str] = {
+    "enable_nsa_prefill_context_parallel": "enable_prefill_cp",
+    "nsa_prefill_cp_mode": "cp_strategy",
+    "attn_cp_size": "attn_cp_size",
+    "page_size": "page_size",
+    "enable_nsa_prefill_cp_shared_kv": "enable_kv_cache_sharding",
+    "disaggregation_mode": "disaggregation_mode",
+    "disaggregation_transfer_backend": "disaggregation_transfer_backend",
 }
-"""Boolean SGLang arguments (``store_true``) and the field each turns on."""
+"""Each cpkv flag an SGLang 0.5.23 option sets, to that option's ``ServerArgs`` field."""
 
-LEGACY_CP_SWITCHES = frozenset(
-    {
-        "--enable-nsa-prefill-context-parallel",
-        "--enable-dsa-prefill-context-parallel",
-        "--enable-prefill-context-parallel",
-    }
+FLAG_OPTIONS = tuple(option_name(dest) for dest in FLAG_DESTS.values())
+"""The 0.5.23 options that set cpkv's flags (``--enable-prefill-cp``, ``--cp-strategy``, ...)."""
+
+REPORTED = (
+    "model_path",
+    "device",
+    "tp_size",
+    "dp_size",
+    "attn_dp_size",
+    "attn_cp_size",
+    "ep_size",
+    "pp_size",
+    "enable_prefill_cp",
+    "cp_strategy",
+    "page_size",
+    "kv_cache_dtype",
+    "attention_backend",
+    "dsa_prefill_backend",
+    "dsa_decode_backend",
+    "moe_a2a_backend",
+    "enable_kv_cache_sharding",
+    "disaggregation_mode",
+    "disaggregation_transfer_backend",
+    "chunked_prefill_size",
+    "mem_fraction_static",
 )
-"""CP switches from before ``--attn-cp-size``: the CP size was the attention TP size."""
+"""The resolved ``ServerArgs`` fields ``cpkv flags --json`` shows under ``sglang``."""
 
-VALUED: dict[str, str] = {
-    "--nsa-prefill-cp-mode": "nsa_prefill_cp_mode",
-    "--dsa-prefill-cp-mode": "nsa_prefill_cp_mode",
-    "--cp-strategy": "nsa_prefill_cp_mode",
-    "--attn-cp-size": "attn_cp_size",
-    "--page-size": "page_size",
-    "--nsa-prefill-cp-min-tokens": "nsa_prefill_cp_min_tokens",
-    "--disaggregation-mode": "disaggregation_mode",
-    "--disaggregation-transfer-backend": "disaggregation_transfer_backend",
-    "--disaggregation-decode-cp-size": "disaggregation_decode_cp_size",
-}
-"""SGLang arguments that take a value, and the field each sets."""
+RULE_ENV = ("SGLANG_DISAGG_STAGING_BUFFER", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND")
+"""Environment variables SGLang's KV-sharding and PD rules read."""
 
-_SIZES = {
-    "--tp": "tp",
-    "--tp-size": "tp",
-    "--tensor-parallel-size": "tp",
-    "--dp": "dp",
-    "--dp-size": "dp",
-    "--data-parallel-size": "dp",
-}
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PYTHON = re.compile(r"^python[0-9.]*$")
+LAUNCH_MODULE = "sglang.launch_server"
 
 
 @dataclass(frozen=True, slots=True)
 class SglangImport:
-    """What an SGLang launch command says about cpkv's flags."""
+    """What an SGLang launch command says, as SGLang 0.5.23 reads it and as cpkv's flags."""
 
     resolved: ResolvedFlags
-    """The flags (defaults overlaid by the command) with ``sglang:ARG`` provenance."""
-    ignored: tuple[str, ...]
-    """Tokens cpkv does not read (the program, the model path, unrelated options)."""
-    ignored_at: tuple[int, ...] = ()
-    """The position of each ignored token in ``shlex.split(args)``, so that another reader
-    (``cpkv plan --from-sglang``) can tell which of them it reads."""
+    """cpkv's flags (defaults overlaid by the command) with ``sglang:...`` provenance."""
+    sglang: SglangResolution
+    """SGLang's own resolution of the command."""
+    warnings: tuple[str, ...]
+    """Seed-series names read anyway, deprecated options, what cpkv cannot see."""
+    unused: dict[str, str]
+    """Fields the command sets that neither cpkv's flags nor the rules read, to the option."""
+    unused_env: tuple[str, ...] = ()
+    """``NAME=value`` assignments cpkv does not read."""
+    renamed: dict[str, str] = field(default_factory=dict)
+    """0.5.23 option to the seed-series name the command spelled it with."""
+
+    def source_of(self, dest: str) -> str:
+        """Where field ``dest`` came from: ``sglang:FILE`` (relative to ``arg_groups/``) of
+        the rule that resolved it, ``sglang:OPTION`` as the command gave it, else
+        ``default``."""
+        return _source(self.sglang, self.renamed, dest)
+
+    @property
+    def ignored(self) -> tuple[str, ...]:
+        """The options and assignments in :attr:`unused` and :attr:`unused_env`."""
+        return (*self.unused.values(), *self.unused_env)
 
     @property
     def flags(self) -> FlagSet:
         """The imported flag set."""
         return self.resolved.flags
 
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """Every SGLang 0.5.23 start-up rule the command breaks."""
+        return self.sglang.problems
+
+    def sglang_json(self) -> dict[str, Any]:
+        """``{"version", "model", "resolved", "given", "cp_size"}`` for ``--json``."""
+        model = self.sglang.model
+        values = self.sglang.values
+        return {
+            "version": SGLANG_VERSION,
+            "model": None if model is None else model.architecture,
+            "resolved": {dest: values[dest] for dest in REPORTED},
+            "given": dict(self.sglang.given),
+            "cp_size": self.sglang.cp_size,
+        }
+
 
 def from_sglang(args: str) -> tuple[FlagSet, list[str]]:
-    """The flag set an SGLang launch command describes, and the arguments it ignored.
+    """The flag set an SGLang launch command describes, and what it ignored.
 
     Raises:
-        FlagError: a cpkv-relevant argument has a bad or missing value.
+        FlagError: SGLang's parser refuses the command, or an old name is malformed.
     """
     imported = read_sglang(args)
     return imported.flags, list(imported.ignored)
 
 
-def read_sglang(args: str) -> SglangImport:
-    """Like :func:`from_sglang`, keeping provenance and notes.
+def read_sglang(args: str, preset: str | None = None) -> SglangImport:
+    """Reads a launch command as SGLang 0.5.23 does (see the module docstring).
 
-    Reads ``--flag value`` and ``--flag=value``; leading ``NAME=value`` environment
-    assignments for cpkv's environment variables (``SGLANG_DEBUG_CP_SHARED_KV=1 python
-    -m sglang.launch_server ...``). When CP is on through a legacy switch (``--enable-nsa-
-    prefill-context-parallel`` and its DSA aliases) without ``--attn-cp-size``, the CP size
-    is SGLang's attention TP size then: ``--tp``, divided by ``--dp`` under
-    ``--enable-dp-attention``. Otherwise ``--tp``/``--dp`` are reported as ignored.
+    Args:
+        args: the command line, as one string.
+        preset: a cpkv model preset whose model rules apply instead of ``--model-path``'s.
+
+    Raises:
+        FlagError: the command does not split, names another program, SGLang's parser
+            refuses it (:class:`flags.sglang_parser.SglangArgError`, naming the closest
+            option), or a seed-series name is malformed.
+    """
+    if preset is not None and preset not in MODEL_PRESETS:
+        raise FlagError(f"--model must be one of {', '.join(MODEL_PRESETS)}, got {preset!r}")
+    env, argv = split_launch(args)
+    translated = translate_seed(argv)
+    parsed = parse_sglang_argv(translated.argv)
+    model = sglang_model(parsed.values["model_path"], preset)
+    resolution = resolve_sglang(parsed, {k: env[k] for k in RULE_ENV if k in env}, model)
+    layer = _resolved_layer(resolution, translated.renamed)
+    for name, (raw, source) in translated.extra.items():
+        layer.update(cli_layer({name: raw}, source))
+    layer.update(_env_layer(env))
+    flags, sources = merge_layers(layer)
+    warnings = list(translated.warnings) + list(parsed.warnings)
+    if parsed.values.get("config") is not None:
+        warnings.append(f"--config {parsed.values['config']}: cpkv does not read the file")
+    used = {*FLAG_DESTS.values(), *resolution.read, "model_path"}
+    unused = {dest: option for dest, option in resolution.given.items() if dest not in used}
+    unused_env = tuple(f"{k}={v}" for k, v in env.items() if not _env_read(k))
+    notes = _notes(resolution, translated.renamed)
+    return SglangImport(
+        ResolvedFlags(flags, sources, notes=tuple(notes)),
+        resolution,
+        tuple(warnings),
+        unused,
+        unused_env,
+        translated.renamed,
+    )
+
+
+def split_launch(args: str) -> tuple[dict[str, str], list[str]]:
+    """A command's leading ``NAME=value`` assignments and the arguments after the program.
+
+    Reads ``[python[3] -m sglang.launch_server | sglang serve] ARGS``, or ``ARGS`` alone.
+
+    Raises:
+        FlagError: the line does not split (an unclosed quote) or runs another program.
     """
     try:
         tokens = shlex.split(args)
     except ValueError as exc:
-        raise FlagError(f"--from-sglang: cannot split the command line: {exc}") from exc
-    reader = _Reader(tokens)
-    notes = reader.read()
-    flags, sources = merge_layers(reader.layer)
-    resolved = ResolvedFlags(flags, sources, notes=tuple(notes))
-    ignored = sorted(reader.ignored)
-    return SglangImport(
-        resolved, tuple(token for _, token in ignored), tuple(i for i, _ in ignored)
-    )
+        raise FlagError(f"cannot split the command line: {exc}") from exc
+    env: dict[str, str] = {}
+    while tokens and _ENV_ASSIGNMENT.match(tokens[0]):
+        name, _, value = tokens.pop(0).partition("=")
+        env[name] = value
+    if len(tokens) >= 3 and _PYTHON.match(PurePath(tokens[0]).name) and tokens[1] == "-m":
+        if tokens[2] != LAUNCH_MODULE:
+            raise FlagError(f"not an SGLang launch command: -m {tokens[2]} (want {LAUNCH_MODULE})")
+        return env, tokens[3:]
+    if len(tokens) >= 2 and PurePath(tokens[0]).name == "sglang" and tokens[1] == "serve":
+        return env, tokens[2:]
+    return env, tokens
 
 
-class _Reader:
-    """One pass over the tokens, collecting a layer of values and the ignored tokens."""
+def _source(resolution: SglangResolution, renamed: dict[str, str], dest: str) -> str:
+    if dest in resolution.declared:
+        return f"sglang:{resolution.declared[dest].removeprefix(ARG_GROUPS)}"
+    option = resolution.given.get(dest)
+    if option is None:
+        return "default"
+    return f"sglang:{renamed.get(option, option)}"
 
-    def __init__(self, tokens: list[str]) -> None:
-        self.tokens = tokens
-        self.layer: Layer = {}
-        self.ignored: list[tuple[int, str]] = []
-        self.size_tokens: list[tuple[int, str]] = []
-        self.sizes: dict[str, int] = {}
-        self.dp_attention = False
-        self.cp_switch = ""
 
-    def read(self) -> list[str]:
-        """Reads every token; returns notes on inferred values."""
-        env_names = {spec.env: name for name, spec in FLAG_SPECS.items()}
-        i = 0
-        while i < len(self.tokens) and _ENV_ASSIGNMENT.match(self.tokens[i]):
-            name, _, value = self.tokens[i].partition("=")
-            if name in env_names:
-                self._set(env_names[name], value, f"sglang:{name}", env_only_ok=True)
-            else:
-                self.ignored.append((i, self.tokens[i]))
-            i += 1
-        while i < len(self.tokens):
-            i = self._option(i)
-        notes = self._infer_cp_size()
-        if not notes:
-            self.ignored += self.size_tokens
-        return notes
+def _resolved_layer(resolution: SglangResolution, renamed: dict[str, str]) -> Layer:
+    """cpkv's flags from the resolved fields that the command set or a rule resolved."""
+    layer: Layer = {}
+    for name, dest in FLAG_DESTS.items():
+        source = _source(resolution, renamed, dest)
+        phase_2 = dest == "enable_kv_cache_sharding"
+        if source == "default" or (phase_2 and resolution.cp_size == 1):
+            continue
+        value = resolution.values[dest]
+        if dest == "cp_strategy":
+            value = CP_STRATEGIES[value]
+        layer.update(cli_layer({name: value}, source))
+    return layer
 
-    def _option(self, i: int) -> int:
-        token = self.tokens[i]
-        arg, eq, inline = token.partition("=")
-        if arg in SWITCHES:
-            self._set(SWITCHES[arg], inline if eq else "true", f"sglang:{arg}")
-            if SWITCHES[arg] == "enable_nsa_prefill_context_parallel":
-                self.cp_switch = arg
-            return i + 1
-        if arg == "--enable-dp-attention":
-            self.dp_attention = not eq or _truthy(arg, inline)
-            self.size_tokens.append((i, token))
-            return i + 1
-        if arg not in VALUED and arg not in _SIZES:
-            self.ignored.append((i, token))
-            return i + 1
-        if eq:
-            value = inline
-        elif i + 1 < len(self.tokens):
-            value = self.tokens[i + 1]
-        else:
-            raise FlagError(f"--from-sglang: {arg} needs a value")
-        if arg in _SIZES:
-            self.sizes[_SIZES[arg]] = _int(arg, value)
-            self.size_tokens += [(j, self.tokens[j]) for j in range(i, i + (1 if eq else 2))]
-        else:
-            self._valued(arg, value)
-        return i + (1 if eq else 2)
 
-    def _valued(self, arg: str, value: str) -> None:
-        if arg == "--cp-strategy":
-            if value not in CP_STRATEGIES:
-                choices = ", ".join(CP_STRATEGIES)
-                raise FlagError(
-                    f"--from-sglang: --cp-strategy must be one of {choices}, got {value!r}"
-                )
-            self.layer[VALUED[arg]] = (CP_STRATEGIES[value], f"sglang:{arg}")
-            return
-        self._set(VALUED[arg], value, f"sglang:{arg}")
-
-    def _set(self, name: str, raw: object, source: str, env_only_ok: bool = False) -> None:
+def _env_layer(env: dict[str, str]) -> Layer:
+    """cpkv's own environment knobs among the command's assignments."""
+    names = {spec.env: name for name, spec in FLAG_SPECS.items()}
+    layer: Layer = {}
+    for variable, raw in env.items():
+        name = names.get(variable)
+        if name is None:
+            continue
+        source = f"sglang:{variable}"
+        if not FLAG_SPECS[name].env_only:
+            layer.update(cli_layer({name: raw}, source))
+            continue
         try:
-            if env_only_ok and FLAG_SPECS[name].env_only:
-                layer = _env_only_layer(name, raw, source)
-            else:
-                layer = cli_layer({name: raw}, source)
-        except FlagError as exc:
-            raise FlagError(f"--from-sglang: {source.removeprefix('sglang:')}: {exc}") from exc
-        self.layer.update(layer)
-
-    def _infer_cp_size(self) -> list[str]:
-        cp_on = self.layer.get("enable_nsa_prefill_context_parallel", (False, ""))[0]
-        legacy = self.cp_switch in LEGACY_CP_SWITCHES
-        if not (cp_on and legacy) or "attn_cp_size" in self.layer or "tp" not in self.sizes:
-            return []
-        tp = self.sizes["tp"]
-        dp = self.sizes.get("dp", 1) if self.dp_attention else 1
-        size = max(tp // max(dp, 1), 1)
-        source = "sglang:--tp/--dp" if self.dp_attention and dp > 1 else "sglang:--tp"
-        self.layer["attn_cp_size"] = (size, source)
-        return [
-            f"attn_cp_size={size} inferred from the attention TP size (tp={tp}, dp={dp}): "
-            f"{self.cp_switch} without --attn-cp-size uses it as the CP size"
-        ]
+            value = TypeAdapter(field_type(name)).validate_python(raw if raw != "" else None)
+        except ValidationError as exc:
+            raise FlagError(f"{variable}: {exc.errors()[0]['msg']}, got {raw!r}") from exc
+        layer[name] = (value, source)
+    return layer
 
 
-def _env_only_layer(name: str, raw: object, source: str) -> Layer:
-    try:
-        value = TypeAdapter(field_type(name)).validate_python(raw if raw != "" else None)
-    except ValidationError as exc:
-        raise FlagError(f"{exc.errors()[0]['msg']}, got {raw!r}") from exc
-    return {name: (value, source)}
+def _env_read(variable: str) -> bool:
+    return variable in RULE_ENV or any(spec.env == variable for spec in FLAG_SPECS.values())
 
 
-def _truthy(arg: str, value: str) -> bool:
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise FlagError(f"--from-sglang: {arg} takes no value or true/false, got {value!r}")
-
-
-def _int(arg: str, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise FlagError(f"--from-sglang: {arg} must be an integer, got {value!r}") from None
+def _notes(resolution: SglangResolution, renamed: dict[str, str]) -> list[str]:
+    """A line per reported field a rule resolved to another value than the command's, then
+    the resolution's own notes, and what cpkv reads differently."""
+    notes = []
+    for dest, file in resolution.declared.items():
+        value = resolution.values[dest]
+        before = resolution.parsed_values.get(dest)
+        if dest in REPORTED and value != before:
+            was = "unset" if before is None else before
+            notes.append(f"{dest} resolves to {value} (command: {was}) by {SGLANG} {file}")
+    notes += resolution.notes
+    sharding = resolution.values["enable_kv_cache_sharding"]
+    if sharding and resolution.cp_size == 1 and not resolution.problems:
+        notes.append(
+            "--enable-kv-cache-sharding without prefill CP shards over the attention-TP group "
+            "(plain-TP MLA); cpkv's phase 2 shards over CP ranks only, so it stays off"
+        )
+    if "--enable-prefill-cp" in renamed and "cp_strategy" not in resolution.given:
+        notes.append(
+            "the seed series split in-seq-split (zigzag) by default; 0.5.23 has no "
+            "default --cp-strategy"
+        )
+    return notes

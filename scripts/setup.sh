@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything cpkv needs, idempotently: Debian libraries for Mooncake's wheel, a
-# virtual environment in .venv, torch as the CPU build, and cpkv with its dev tools.
+# virtual environment in .venv, torch as the CPU build, cpkv with its dev tools, and the
+# pinned sglang wheel in .whl/ (read as data, never installed).
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,6 +9,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=.venv
 TORCH_VERSION=2.13.0
+SGLANG_VERSION=0.5.23
 
 need_debs=()
 for deb in libibverbs1 libnuma1; do
@@ -37,4 +39,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "setup: installing cpkv and its dev tools into $VENV"
     "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev,pd]"
     touch "$stamp"
+fi
+
+# NOTE: tests/test_sglang_table.py reads SGLang's flag declarations out of this wheel (ast, no
+# import: its runtime needs CUDA) and fails when flags/data/sglang-$SGLANG_VERSION.json drifts
+# from them. The wheel is cp311 manylinux x86_64 whatever this machine is: it is only read.
+if ! compgen -G ".whl/sglang-$SGLANG_VERSION-*.whl" >/dev/null; then
+    echo "setup: downloading the sglang==$SGLANG_VERSION wheel into .whl/ (read as data)"
+    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        --python-version 3.11 --platform manylinux_2_34_x86_64 -d .whl "sglang==$SGLANG_VERSION"
 fi

@@ -231,3 +231,20 @@ def test_deployment_carries_the_cp_minimum_and_refuses_a_negative_one() -> None:
     assert make_flags(nsa_prefill_cp_min_tokens=4096).deployment().cp_min_tokens == 4096
     with pytest.raises(FlagError, match=r"cp_min_tokens must be >= 0, got -1 \(flag --nsa-pre"):
         make_flags(nsa_prefill_cp_min_tokens=-1).deployment()
+
+
+@pytest.mark.parametrize(
+    ("backend", "refused"),
+    [(TransferBackend.MOONCAKE_TCP, False), (TransferBackend.MORI, True)],
+)
+def test_phase_2_runs_over_mooncake_tcp_but_not_mori(
+    backend: TransferBackend, refused: bool
+) -> None:
+    flag_set = make_flags(
+        (2,),
+        disaggregation_mode=DisaggregationMode.PREFILL,
+        disaggregation_transfer_backend=backend,
+    )
+    codes = [p.code for p in check_flags(flag_set)]
+    assert (ProblemCode.STARTUP_CONTRACT in codes) is refused, codes
+    assert flag_set.deployment().pd_backend in (TransferBackend.MOONCAKE, TransferBackend.MORI)

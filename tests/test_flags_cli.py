@@ -92,19 +92,61 @@ def test_flags_warns_when_debug_checks_are_on(
 
 def test_flags_from_sglang_shows_flags_ignored_args_and_problems(app: typer.Typer) -> None:
     args = (
-        "python -m sglang.launch_server --model-path X --enable-prefill-cp --attn-cp-size 8 "
+        "python -m sglang.launch_server --model-path X --tp 8 --enable-prefill-cp --attn-cp-size 8 "
         "--cp-strategy interleave --enable-nsa-prefill-cp-page-aligned-split"
     )
-    code, doc = invoke(app, "flags", "--from-sglang", args)
+    code, doc = invoke(app, "flags", "--from-sglang", args + " --trust-remote-code")
     assert code == 1
     assert doc["config"] is None
-    assert doc["ignored_args"] == ["python", "-m", "sglang.launch_server", "--model-path", "X"]
+    assert doc["ignored_args"] == ["--trust-remote-code"]
     assert doc["flags"]["nsa_prefill_cp_mode"]["source"] == "sglang:--cp-strategy"
     assert doc["enabled_phases"] == [4]
     assert [p["code"] for p in doc["problems"]] == [
         "NEEDS_DISABLED",
         "STARTUP_CONTRACT",
     ]
+    assert (
+        "--enable-nsa-prefill-cp-page-aligned-split is not an SGLang option" in doc["warnings"][0]
+    )
+    assert doc["sglang"]["version"] == "0.5.23" and doc["sglang"]["cp_size"] == 8
+
+
+SEED_LAUNCH = (
+    "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 --tp 8 "
+    "--enable-nsa-prefill-context-parallel --nsa-prefill-cp-mode round-robin-split"
+)
+
+
+def test_flags_from_sglang_warns_of_a_seed_name_naming_its_replacement(app: typer.Typer) -> None:
+    code, doc = invoke(app, "flags", "--from-sglang", SEED_LAUNCH)
+    assert code == 0, doc["problems"]
+    assert any("--enable-prefill-cp" in w for w in doc["warnings"]), doc["warnings"]
+    assert any("--cp-strategy" in w for w in doc["warnings"]), doc["warnings"]
+    assert doc["flags"]["attn_cp_size"]["value"] == 8
+
+
+def test_flags_from_sglang_lists_the_rules_sglang_refuses_with_their_source(
+    app: typer.Typer,
+) -> None:
+    launch = SEED_LAUNCH.replace("round-robin-split", "in-seq-split") + " --tp 16"
+    code, doc = invoke(app, "flags", "--from-sglang", launch)
+    assert code == 1
+    assert [(p["code"], p["source"]) for p in doc["problems"]] == [
+        (
+            "SGLANG_CP_TP_ABOVE_8",
+            "sglang 0.5.23 sglang/srt/arg_groups/model_overrides/deepseek_v2.py",
+        ),
+        ("SGLANG_CP_STRATEGY_UNSUPPORTED", "sglang 0.5.23 sglang/srt/arg_groups/parallel_hook.py"),
+    ]
+    result = runner.invoke(app, ["flags", "--from-sglang", launch])
+    assert "[sglang 0.5.23 sglang/srt/arg_groups/parallel_hook.py]" in result.stdout
+
+
+def test_flags_from_sglang_refuses_a_typo_naming_the_option(app: typer.Typer) -> None:
+    launch = SEED_LAUNCH.replace("--nsa-prefill-cp-mode round-robin-split", "--cp-stratgy zigzag")
+    result = runner.invoke(app, ["flags", "--from-sglang", launch])
+    assert result.exit_code == 2
+    assert "did you mean --cp-strategy?" in result.stderr
 
 
 def test_flags_human_output_names_sources(app: typer.Typer, tmp_path: Path) -> None:
@@ -175,3 +217,16 @@ def test_enable_creates_the_default_config_file(
     assert result.exit_code == 0, result.output
     assert "enable-nsa-prefill-cp-narrow-output = true" in (tmp_path / "cpkv.toml").read_text()
     assert "enabled phases: 1" in result.stdout
+
+
+def test_flags_from_sglang_follows_the_model_preset_given(app: typer.Typer) -> None:
+    launch = "python -m sglang.launch_server --model-path /models/ckpt --tp 8 --enable-prefill-cp"
+    launch += " --cp-strategy zigzag"
+    code, doc = invoke(app, "flags", "--from-sglang", launch)
+    assert (code, doc["sglang"]["cp_size"], doc["sglang"]["model"]) == (0, 1, None)
+    assert any("name the model with --model PRESET" in note for note in doc["notes"])
+    code, doc = invoke(app, "flags", "--from-sglang", launch, "--model", "deepseek-v3.2")
+    assert code == 1 and doc["sglang"]["model"] == "DeepseekV32ForCausalLM"
+    assert [p["code"] for p in doc["problems"]] == ["SGLANG_CP_STRATEGY_UNSUPPORTED"]
+    result = runner.invoke(app, ["flags", "--model", "glm-5"])
+    assert result.exit_code == 2 and "add --from-sglang" in result.stderr

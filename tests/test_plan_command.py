@@ -280,7 +280,7 @@ def test_longest_request_is_bounded_by_the_pool_the_view_or_the_model() -> None:
 
 LAUNCH = (
     "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 --tp 8 "
-    "--enable-nsa-prefill-context-parallel --attn-cp-size 8 --page-size 64 "
+    "--enable-prefill-cp --cp-strategy interleave --attn-cp-size 8 --page-size 64 "
     "--mem-fraction-static 0.82 --kv-cache-dtype fp8_e4m3 --trust-remote-code"
 )
 
@@ -296,10 +296,11 @@ def test_from_sglang_takes_model_tp_cp_page_fraction_and_kv_dtype_from_the_comma
     assert doc["memory"]["mem_fraction_static"] == 0.82
     assert doc["memory"]["static_bytes"] == 141 * GIB * 82 // 100
     assert doc["kv_cache_dtype"] == "fp8_e4m3"
-    assert doc["sources"]["tp_size"] == "sglang:--tp"
+    assert doc["sources"]["tp_size"] == "sglang:--tp-size"
     assert doc["sources"]["mem_fraction_static"] == "sglang:--mem-fraction-static"
     assert doc["sources"]["model"] == "sglang:--model-path"
-    assert doc["ignored_args"] == ["python", "-m", "sglang.launch_server", "--trust-remote-code"]
+    assert doc["sources"]["page_size"] == "sglang:model_overrides/deepseek_v2.py"
+    assert doc["ignored_args"] == ["--trust-remote-code"]
 
 
 def test_command_line_options_override_the_sglang_command() -> None:
@@ -307,16 +308,25 @@ def test_command_line_options_override_the_sglang_command() -> None:
     assert (doc["tp_size"], doc["attn_tp_size"], doc["sources"]["tp_size"]) == (16, 2, "cli")
 
 
-def test_from_sglang_infers_the_cp_size_sglang_picks_for_prefill_cp() -> None:
-    doc = plan_json(
-        "--from-sglang",
-        "--model-path deepseek-ai/DeepSeek-V3.2 --tp 8 "
-        "--enable-prefill-cp --mem-fraction-static 0.8",
-        "--gpu-mem-gib",
-        "141",
+def test_from_sglang_resolves_the_cp_size_as_sglang_does() -> None:
+    launch = "--model-path deepseek-ai/DeepSeek-V3.2 --tp 8 --enable-prefill-cp"
+    doc = plan_json("--from-sglang", launch + " --cp-strategy interleave", "--gpu-mem-gib", "141")
+    assert doc["cp_size"] == 8 and doc["sources"]["cp_size"] == (
+        "sglang:model_overrides/deepseek_v2.py"
     )
-    assert doc["cp_size"] == 8
-    assert any("inferred" in note for note in doc["notes"])
+    assert any("attn_cp_size resolves to 8" in note for note in doc["notes"])
+    stderr = bad_input_stderr("--from-sglang", launch, "--gpu-mem-gib", "141")
+    assert "SGLang would refuse this command: SGLANG_CP_STRATEGY_UNSET" in stderr
+
+
+def test_from_sglang_follows_the_preset_s_model_rules() -> None:
+    launch = "--model-path /models/local-copy --tp 8 --enable-prefill-cp --cp-strategy zigzag"
+    doc = plan_json("--model", "glm-5", "--from-sglang", launch, "--gpu-mem-gib", "141")
+    assert (doc["model"], doc["cp_size"], doc["ep_size"]) == ("glm-5", 8, 8)
+    stderr = bad_input_stderr(
+        "--model", "deepseek-v3.2", "--from-sglang", launch, "--gpu-mem-gib", "141"
+    )
+    assert "SGLANG_CP_STRATEGY_UNSUPPORTED" in stderr
 
 
 @pytest.mark.parametrize(
@@ -397,7 +407,7 @@ def test_from_sglang_infers_the_cp_size_sglang_picks_for_prefill_cp() -> None:
                 "--gpu-mem-gib",
                 "141",
             ],
-            "--tp needs a value",
+            "--tp-size/--tensor-parallel-size: expected one argument",
         ),
     ],
 )

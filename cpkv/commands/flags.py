@@ -23,6 +23,7 @@ from flags import (
     FlagError,
     Problem,
     ResolvedFlags,
+    SglangImport,
     apply_change,
     check_flags,
     debug_benchmark_warning,
@@ -58,6 +59,15 @@ def flags_command(
             help="Read the flags of an SGLang launch command instead.",
         ),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            metavar="PRESET",
+            help="With --from-sglang: the model preset whose SGLang rules apply "
+            "(default: the one --model-path names).",
+        ),
+    ] = None,
     set_values: Annotated[
         list[str] | None,
         typer.Option(
@@ -71,26 +81,29 @@ def flags_command(
     Exits 1 when there are start-up problems.
     """
     with bad_input_exits():
-        ignored: tuple[str, ...] | None = None
+        imported: SglangImport | None = None
         if from_sglang is not None:
             if config is not None or set_values:
                 raise FlagError("--from-sglang reads only that command line; drop --config/--set")
-            imported = read_sglang(from_sglang)
-            resolved, ignored = imported.resolved, imported.ignored
+            imported = read_sglang(from_sglang, model)
+            resolved = imported.resolved
+        elif model is not None:
+            raise FlagError("--model names the model of an SGLang command: add --from-sglang")
         else:
             cli = dict(parse_set_option(item) for item in set_values or [])
             resolved = resolve_flags(config, cli)
-    problems = check_flags(resolved.flags)
-    document = _flags_document(resolved, problems, ignored)
+    problems = check_flags(resolved.flags) + list(imported.problems if imported else ())
+    document = _flags_document(resolved, problems, imported)
     emit(as_json, document, lambda: _render_flags(document, problems))
     raise typer.Exit(1 if problems else 0)
 
 
 def _flags_document(
-    resolved: ResolvedFlags, problems: list[Problem], ignored: tuple[str, ...] | None
+    resolved: ResolvedFlags, problems: list[Problem], imported: SglangImport | None
 ) -> dict[str, Any]:
     flags = resolved.flags
     warning = debug_benchmark_warning(flags)
+    warnings = [*(imported.warnings if imported else ()), *([warning] if warning else [])]
     document: dict[str, Any] = {
         "ok": not problems,
         "config": None if resolved.config is None else _config_json(resolved),
@@ -108,11 +121,12 @@ def _flags_document(
         "enabled_phases": sorted(int(p) for p in flags.enabled_phases()),
         "max_phase": flags.max_phase,
         "problems": [p.to_json() for p in problems],
-        "warnings": [warning] if warning else [],
+        "warnings": warnings,
         "notes": list(resolved.notes),
     }
-    if ignored is not None:
-        document["ignored_args"] = list(ignored)
+    if imported is not None:
+        document["ignored_args"] = list(imported.ignored)
+        document["sglang"] = imported.sglang_json()
     return document
 
 
@@ -155,7 +169,8 @@ def _render_flags(document: dict[str, Any], problems: list[Problem]) -> None:
     if not problems:
         out.print("[green]start-up checks: ok[/green]")
     for problem in problems:
-        text = f"{escape(str(problem))}  [dim]({escape(problem.hint)})[/dim]"
+        source = f" [{problem.source}]" if problem.source else ""
+        text = f"{escape(str(problem))}  [dim]({escape(problem.hint)}){escape(source)}[/dim]"
         out.print(f"[red]problem:[/red] {text}", highlight=False)
 
 

@@ -138,14 +138,19 @@ def plan_command(
         "materialize_prefetch": materialize_prefetch,
     }
     with bad_input_exits():
-        imported = read_sglang_plan(from_sglang) if from_sglang is not None else None
         cli |= _model_options(model_name, model_path, kv_cache_dtype)
+        preset = cli["model"]
+        imported = read_sglang_plan(from_sglang, preset) if from_sglang is not None else None
         values = _merge(imported, {k: v for k, v in cli.items() if v is not None})
         inputs = PlanInputs(**{name: value for name, (value, _) in values.items()})
         plan = plan_capacity(inputs)
     document = plan.to_json() | {"sources": _sources(values)}
     if imported is not None:
-        document |= {"ignored_args": list(imported.ignored), "notes": list(imported.notes)}
+        document |= {
+            "ignored_args": list(imported.ignored),
+            "notes": list(imported.notes),
+            "warnings": list(imported.warnings),
+        }
     emit(as_json, document, lambda: render_plan(out, plan, document))
     if out_dir is not None:
         # NOTE: matplotlib loads only when figures are asked for.

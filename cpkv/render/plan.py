@@ -108,6 +108,8 @@ def render_plan(console: Console, plan: CapacityPlan, document: dict[str, Any]) 
     _print(console, f"longest request: {longest}")
     for note in document.get("notes", []):
         _print(console, f"note: {note}")
+    for warning in document.get("warnings", []):
+        _print(console, f"warning: {warning}")
     if document.get("ignored_args"):
         _print(console, "ignored: " + " ".join(document["ignored_args"]))
 

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from flags.model import FLAG_SPECS, TOML_KEYS
-from flags.sglang_args import SWITCHES, VALUED
+from flags.sglang_args import FLAG_OPTIONS
+from flags.sglang_seed import SEED_NAMES
 
 
 def values(st: Any) -> Any:
@@ -68,14 +69,18 @@ def cli_values(st: Any) -> Any:
 
 def sglang_args(st: Any) -> Any:
     token = st.one_of(
-        st.sampled_from(sorted([*SWITCHES, *VALUED, "--tp", "--dp", "--model-path", "python"])),
+        st.sampled_from(
+            sorted([*FLAG_OPTIONS, *SEED_NAMES, "--tp", "--dp", "--model-path", "python"])
+        ),
         st.sampled_from(["1", "0", "-3", "64", "zigzag", "interleave", "x", "true", "'", '"']),
         st.sampled_from(["SGLANG_DEBUG_CP_SHARED_KV=1", "CPKV_MAX_PHASE=9", "CPKV_X=y"]),
         st.text(max_size=8),
     )
     joined = st.lists(token, max_size=8).map(" ".join)
     pairs = st.lists(
-        st.tuples(st.sampled_from(sorted(VALUED)), token).map(lambda p: f"{p[0]}={p[1]}"),
+        st.tuples(st.sampled_from(sorted([*FLAG_OPTIONS, *SEED_NAMES])), token).map(
+            lambda p: f"{p[0]}={p[1]}"
+        ),
         max_size=4,
     ).map(" ".join)
     return st.one_of(joined, pairs)

@@ -1,0 +1,133 @@
+"""Each SGLang 0.5.23 start-up rule cpkv enforces fires, with its text and file, on a corpus
+command SGLang refuses for that reason (``tests/data/sglang_corpus.jsonl``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flags import read_sglang
+from flags.sglang_kv_shard import (
+    ATTENTION_BACKEND,
+    DSA_CP,
+    DSA_KERNELS,
+    DSA_TRANSFER,
+    FEATURE,
+    KV_RULES,
+    LAYOUT,
+    PD_PREFILL_ONLY,
+    TRANSFER_BACKEND,
+)
+from flags.sglang_rules import RULES, SglangRule
+
+CORPUS: dict[str, dict[str, Any]] = {
+    row["id"]: row
+    for row in map(
+        json.loads,
+        (Path(__file__).parent / "data" / "sglang_corpus.jsonl").read_text().splitlines(),
+    )
+}
+
+CASES: list[tuple[SglangRule, str]] = [
+    (RULES["attn_dp_below_one"], "dsv32-attn-dp0"),
+    (RULES["attn_dp_with_replicas"], "dsv32-attn-dp-and-dp-no-cp"),
+    (RULES["cp_attn_dp_with_replicas"], "glm5-attn-dp-and-dp"),
+    (RULES["attn_dp_indivisible"], "dsv32-attn-dp3-indivisible"),
+    (RULES["cp_strategy_unset"], "dsv32-no-strategy-refused"),
+    (RULES["cp_zigzag_dsv32"], "dsv32-zigzag-refused"),
+    (RULES["cp_tp_above_8"], "dsv32-tp16-refused"),
+    (RULES["cp_tp_above_8"], "glm5-tp16-zigzag-refused"),
+    (RULES["cp_on_decode"], "glm5-cp-on-decode-refused"),
+    (RULES["cp_indivisible"], "dsv32-interleave-cp3-indivisible"),
+    (RULES["cp_indivisible"], "glm5-interleave-attn-cp4-attn-dp4"),
+    (RULES["moe_dp"], "glm5-moe-dp2-without-cp"),
+    (RULES["moe_dp"], "glm5-zigzag-moe-dp8"),
+    (RULES["dcp_below_one"], "dsv32-dcp0"),
+    (RULES["dcp_with_prefill_cp"], "glm5fp8-dcp-with-cp"),
+    (RULES["pd_prefill_fake"], "glm5-prefill-fake"),
+    (RULES["pd_staging_backend"], "env-staging-buffer-ascend"),
+    (RULES["dsa_kv_dtype"], "glm5-kv-dtype-fp8-e5m2"),
+    (RULES["dsa_backend_rocm_only"], "glm5-dsa-triton-on-cuda"),
+    (RULES["dsa_backend_tilelang_fp8"], "glm5-tilelang-fp8-mixed"),
+    (RULES["dsa_layer_split"], "glm5-layer-split-without-pd"),
+    (PD_PREFILL_ONLY, "dsv32-kv-sharding-no-pd"),
+    (PD_PREFILL_ONLY, "dsv32-kv-sharding-decode"),
+    (DSA_CP, "glm5-kv-sharding-zigzag"),
+    (DSA_CP, "glm5-kv-sharding-pp2"),
+    (DSA_CP, "dsv32-kv-sharding-cp-off"),
+    (DSA_KERNELS, "glm5-kv-sharding-bf16"),
+    (DSA_KERNELS, "dsv32-kv-sharding-default-kernels"),
+    (DSA_TRANSFER, "glm5-kv-sharding-nixl"),
+    (DSA_TRANSFER, "glm5-kv-sharding-layer-split"),
+    (ATTENTION_BACKEND, "dsv32-kv-sharding-attn-backend-fa3"),
+    (ATTENTION_BACKEND, "dsv3-mla-kv-sharding-flashinfer"),
+    (TRANSFER_BACKEND, "dsv3-mla-kv-sharding-ascend"),
+    (LAYOUT, "qwen3-kv-sharding-no-cp"),
+    (LAYOUT, "dsv3-mla-kv-sharding-page1"),
+    (LAYOUT, "dsv3-mla-kv-sharding-attn-dp"),
+    (LAYOUT, "dsv32-kv-sharding-chunked-off"),
+    (FEATURE, "dsv32-kv-sharding-tbo"),
+    (FEATURE, "dsv32-kv-sharding-hicache-storage"),
+    (FEATURE, "dsv32-kv-sharding-eagle"),
+    (FEATURE, "dsv32-kv-sharding-streaming-session"),
+    (FEATURE, "dsv32-kv-sharding-rust-tree"),
+    (FEATURE, "dsv32-kv-sharding-lmcache"),
+    (FEATURE, "env-staging-buffer-kv"),
+]
+"""Every rule, with the corpus commands that break it."""
+
+
+@pytest.mark.parametrize(
+    ("rule", "case"), CASES, ids=[f"{rule.code}-{case}" for rule, case in CASES]
+)
+def test_the_rule_fires_with_its_text_and_file(rule: SglangRule, case: str) -> None:
+    assert CORPUS[case]["sglang"]["verdict"] == "refused", "SGLang must refuse the case"
+    problems = read_sglang(CORPUS[case]["command"]).problems
+    fired = [p for p in problems if p.code is rule.code and p.detail == rule.text]
+    assert fired, [str(p) for p in problems]
+    assert fired[0].source == f"sglang 0.5.23 {rule.file}"
+
+
+def test_every_rule_has_a_case() -> None:
+    covered = {id(rule) for rule, _ in CASES}
+    missing = [r.code for r in [*RULES.values(), *KV_RULES] if id(r) not in covered]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize(
+    ("case", "cp_size", "ep_size", "page_size"),
+    [
+        ("dsv32-interleave-cp-from-tp", 8, 1, 64),
+        ("glm5-zigzag-attn-cp4", 8, 8, 64),
+        ("dsv32-interleave-explicit-cp4", 4, 1, 64),
+        ("dsv32-dp-under-cp", 4, 1, 64),
+        ("dsv3-mla-tp16", 16, 16, 1),
+        ("qwen3-prefill-cp-no-size", 1, 1, 1),
+        ("dsv32-page0-accepted", 1, 1, 64),
+        ("glm5-deepep-ep", 1, 8, 64),
+    ],
+)
+def test_resolves_cp_ep_and_page_as_sglang(
+    case: str, cp_size: int, ep_size: int, page_size: int
+) -> None:
+    resolution = read_sglang(CORPUS[case]["command"]).sglang
+    assert (resolution.cp_size, resolution.values["ep_size"], resolution.values["page_size"]) == (
+        cp_size,
+        ep_size,
+        page_size,
+    )
+
+
+def test_kv_sharding_rounds_the_chunk_up_to_a_page_multiple() -> None:
+    imported = read_sglang(CORPUS["dsv32-kv-sharding-chunk-rounding"]["command"])
+    assert imported.sglang.values["chunked_prefill_size"] == 10048
+    assert any("rounds up to 10048" in note for note in imported.resolved.notes)
+
+
+def test_a_preset_s_model_rules_replace_the_model_path_s() -> None:
+    command = CORPUS["qwen3-prefill-cp-no-size"]["command"]
+    assert read_sglang(command).sglang.cp_size == 1
+    assert read_sglang(command, preset="glm-5").sglang.cp_size == 8
