@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, Launcher, MaterializeMode
+from cpkv_core.config import (
+    CpMode,
+    DeploymentConfig,
+    IndexKDtype,
+    Launcher,
+    MaterializeMode,
+    SplitGate,
+)
 from flags import FlagError, ProblemCode, check_flags, resolve_flags
 from phases.ids import PhaseId, parse_phase_list
 
@@ -52,6 +59,7 @@ def resolve_run(
     cp_mode: CpMode | None,
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
     cp_min_tokens: int | None = None,
+    split_gate: SplitGate | None = None,
     shadow_rate: float | None = None,
     batch_timeout_s: float | None = None,
     launcher: Launcher | None = None,
@@ -62,7 +70,8 @@ def resolve_run(
     """Flag sources (defaults < config < environment) < the command's options.
 
     ``--cp-size`` turns CP on for the run; ``--phases`` replaces the enabled set;
-    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``; ``launcher`` is ``--launcher``;
+    ``cp_min_tokens`` is ``--nsa-prefill-cp-min-tokens``; ``split_gate`` is
+    ``--cp-split-gate``; ``launcher`` is ``--launcher``;
     ``pd_host`` is ``--pd-host``; ``materialize`` is ``--materialize`` and
     ``materialize_prefetch`` ``--materialize-prefetch``.
 
@@ -73,6 +82,7 @@ def resolve_run(
         "page_size": page_size,
         "nsa_prefill_cp_mode": cp_mode,
         "nsa_prefill_cp_min_tokens": cp_min_tokens,
+        "cp_split_gate": split_gate,
         "shadow_rate": shadow_rate,
         "batch_timeout_s": batch_timeout_s,
         "launcher": launcher,

@@ -16,6 +16,17 @@ class CpMode(StrEnum):
     """Token g of the batch (flattened over requests) goes to rank g % cp_size."""
 
 
+class SplitGate(StrEnum):
+    """Which batches a CP deployment splits over its ranks."""
+
+    SGLANG = "sglang"
+    """As SGLang 0.5.23 does (``srt/layers/cp/zigzag.py`` and ``interleave.py``,
+    ``can_apply``): zigzag runs a batch unsplit when any request has fewer than
+    ``2 * cp_size`` current tokens, interleave when the batch has fewer than ``cp_size``."""
+    SPLIT_ANYWAY = "split-anyway"
+    """cpkv's own: split every batch, however short (a rank may get no token)."""
+
+
 class IndexKDtype(StrEnum):
     """Storage dtype of the indexer's key cache."""
 
@@ -301,6 +312,9 @@ class DeploymentConfig(BaseModel):
     cp_min_tokens: int = Field(default=0, ge=0)
     """Batches with fewer current tokens than this run unsplit: every CP rank computes every
     token (the ``none`` split); 0 means every batch is split."""
+    split_gate: SplitGate = SplitGate.SGLANG
+    """Which batches are split at all: as SGLang 0.5.23 decides (``sglang``), or every batch
+    (``split-anyway``); ``cp_min_tokens`` applies on top of either."""
     materialize: MaterializeMode = MaterializeMode.GATHER
     """How sharded reads build their view: ``gather`` (a collective) or ``peer-read``
     (owners' pools in shared memory; every rank on one host)."""
