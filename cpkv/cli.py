@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Annotated
@@ -22,7 +22,7 @@ from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from cpkv.devices import Device, check_device
 from cpkv.dry_run import dry_run_levels
-from cpkv.explain import explain_trace, parse_killed
+from cpkv.explain import explain_trace, parse_killed, sharded_trace_warnings
 from cpkv.help_text import tidy_help
 from cpkv.launchers import LauncherOpt, dist_backend, refuse_torchrun, torchrun_worker
 from cpkv.out_dir import out_option, print_written
@@ -47,6 +47,7 @@ from cpkv_core.config import (
     IndexKDtype,
     MaterializeMode,
     ModelConfig,
+    SplitGate,
     model_preset,
 )
 from cpkv_core.planning import BatchSpec
@@ -91,6 +92,14 @@ CpMinTokensOpt = Annotated[
         metavar="N",
         help="Batches with fewer current tokens run unsplit (CP off for them); 0: always "
         "split. Default: the flags (0).",
+    ),
+]
+SplitGateOpt = Annotated[
+    SplitGate | None,
+    typer.Option(
+        "--cp-split-gate",
+        help="Which batches are split: sglang (as SGLang 0.5.23 decides) or split-anyway "
+        "(every batch). Default: the flags (sglang).",
     ),
 ]
 MaterializeOpt = Annotated[
@@ -194,6 +203,7 @@ def verify(
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
+    split_gate: SplitGateOpt = None,
     materialize: MaterializeOpt = None,
     materialize_prefetch: PrefetchOpt = None,
     backend: BackendOpt = Backend.GLOO,
@@ -219,6 +229,7 @@ def verify(
             cp_mode,
             index_k_dtype,
             cp_min_tokens=cp_min_tokens,
+            split_gate=split_gate,
             shadow_rate=shadow_rate,
             batch_timeout_s=batch_timeout_s,
             launcher=launcher,
@@ -230,6 +241,7 @@ def verify(
         trace = load_trace(trace_path, settings.deploy.page_size)
         check_device(device)
         worker = torchrun_worker(settings.launcher, backend, settings.deploy.cp_size, device)
+    _warn(sharded_trace_warnings(trace.batches, settings.enabled, settings.deploy))
     job = _verify_job(trace, model, settings, device, fault)
     if worker is not None:
         render = partial(_render_verify, deploy=settings.deploy)
@@ -239,6 +251,11 @@ def verify(
     report = _run_verify(job, backend, not as_json)
     emit(as_json, report.to_json(), lambda: _render_verify(report, settings.deploy))
     raise typer.Exit(0 if report.ok else 1)
+
+
+def _warn(warnings: Sequence[str]) -> None:
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 
 
 def _print_shadow(report: VerifyReport) -> None:
@@ -256,6 +273,7 @@ def explain(
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
+    split_gate: SplitGateOpt = None,
     summary: Annotated[
         bool, typer.Option("--summary", help="Only the phase mix, not every batch's plan.")
     ] = False,
@@ -279,13 +297,20 @@ def explain(
     share of batches and tokens per phase, and fallback reasons counted by code."""
     with bad_input_exits():
         settings = resolve_run(
-            config, phases, cp_size, page_size, cp_mode, cp_min_tokens=cp_min_tokens
+            config,
+            phases,
+            cp_size,
+            page_size,
+            cp_mode,
+            cp_min_tokens=cp_min_tokens,
+            split_gate=split_gate,
         )
         trace = load_trace(trace_path, settings.deploy.page_size)
         kills = parse_killed(killed or [], trace.batches)
     report = explain_trace(
         trace.batches, settings.enabled, settings.deploy, settings.ceiling, kills
     )
+    _warn(report.warnings)
     if batch is not None:
         with bad_input_exits():
             i = _batch_index(report.batches, batch)
@@ -497,6 +522,7 @@ def pd(
     page_size: PageSizeOpt = None,
     cp_mode: CpModeOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
+    split_gate: SplitGateOpt = None,
     materialize: MaterializeOpt = None,
     materialize_prefetch: PrefetchOpt = None,
     timeout: Annotated[
@@ -537,6 +563,7 @@ def pd(
             page_size,
             cp_mode,
             cp_min_tokens=cp_min_tokens,
+            split_gate=split_gate,
             shadow_rate=shadow_rate,
             batch_timeout_s=batch_timeout_s,
             pd_host=pd_host,
