@@ -63,10 +63,10 @@ def sglang_declines(
         return None
     if cp_mode is CpMode.IN_SEQ_SPLIT:
         need = 2 * cp_size
-        for index, tokens in enumerate(extend_lens):
-            if tokens < need:
-                return SglangDecline(index, tokens, need)
-        return None
+        if min(extend_lens, default=need) >= need:
+            return None
+        index = next(i for i, tokens in enumerate(extend_lens) if tokens < need)
+        return SglangDecline(index, extend_lens[index], need)
     total = sum(extend_lens)
     if total < cp_size:
         return SglangDecline(None, total, cp_size)
