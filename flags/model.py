@@ -43,8 +43,7 @@ class FlagSet(BaseModel):
     nsa_prefill_cp_min_tokens: int = 0
     """A batch with fewer current tokens runs unsplit on every CP rank (>= 0; 0 = always split)."""
     cp_split_gate: SplitGate = SplitGate.SGLANG
-    """Which batches are split: sglang (as SGLang 0.5.23: zigzag needs 2*cp current tokens in
-    every request, interleave cp in the batch) or split-anyway (every batch, cpkv's own)."""
+    """Which batches are split: sglang (as SGLang 0.5.23 decides) or split-anyway (every batch)."""
     enable_nsa_prefill_cp_narrow_output: bool = False
     """Phase 1: gather only each request's last-token hidden state at the tail."""
     enable_nsa_prefill_cp_shared_kv: bool = False
