@@ -13,6 +13,7 @@ from cpkv_core.config import (
     DisaggregationMode,
     Launcher,
     MaterializeMode,
+    SplitGate,
     TransferBackend,
 )
 from phases.ids import PhaseId
@@ -41,6 +42,8 @@ class FlagSet(BaseModel):
     """Tokens per KV page (>= 1; 64 for NSA models)."""
     nsa_prefill_cp_min_tokens: int = 0
     """A batch with fewer current tokens runs unsplit on every CP rank (>= 0; 0 = always split)."""
+    cp_split_gate: SplitGate = SplitGate.SGLANG
+    """Which batches are split: sglang (as SGLang 0.5.23 decides) or split-anyway (every batch)."""
     enable_nsa_prefill_cp_narrow_output: bool = False
     """Phase 1: gather only each request's last-token hidden state at the tail."""
     enable_nsa_prefill_cp_shared_kv: bool = False
@@ -124,6 +127,7 @@ class FlagSet(BaseModel):
             transfer_backend=self.disaggregation_transfer_backend,
             decode_cp_size=self.disaggregation_decode_cp_size,
             cp_min_tokens=self.nsa_prefill_cp_min_tokens,
+            split_gate=self.cp_split_gate,
             materialize=self.materialize,
             materialize_prefetch=self.materialize_prefetch,
         )

@@ -2,8 +2,9 @@
 
 It decides one ``ScheduledBatch`` at a time from the runtime state it holds: the enabled set,
 the ceiling, the start-up contracts (validated once, here) and the kill switches tripped so
-far. It first decides whether the batch is split at all (``cp_off``: a batch below the
-deployment's ``cp_min_tokens`` runs unsplit, and phases that need a split are off for it).
+far. It first decides whether the batch is split at all (``cp_off``: a batch SGLang 0.5.23
+would not split, or one below the deployment's ``cp_min_tokens``, runs unsplit, and phases
+that need a split are off for it).
 Everything that does not depend on the batch is settled at construction or when a
 switch trips, so a decision costs a few microseconds and formats no text.
 """
@@ -46,8 +47,8 @@ class BatchPlan:
     decisions: tuple[PhaseDecision, ...]
     """One per phase 1..5, in order."""
     cp_off: Reason | None = None
-    """``CP_OFF tokens=.. min=..`` when the batch runs unsplit (the ``none`` split: every
-    rank computes every token); None when it is split."""
+    """``CP_OFF rule=sglang ...`` or ``CP_OFF tokens=.. min=..`` when the batch runs unsplit
+    (the ``none`` split: every rank computes every token); None when it is split."""
 
 
 _SHADOW_OFF = Reason(ReasonCode.KILLED, (("shadow", "fallback"),))
@@ -86,7 +87,7 @@ class Gate:
     ) -> BatchPlan:
         """The ``BatchPlan`` of ``batch``; ``switched_off`` phases are treated as killed for
         this decision only (a shadow comparison's fallback plans)."""
-        cp_off = cp_off_reason(batch.num_tokens, self.deploy)
+        cp_off = cp_off_reason(batch, self.deploy)
         active: list[PhaseId] = []
         decisions = []
         for pid in PhaseId:

@@ -38,8 +38,10 @@ class ReasonCode(StrEnum):
     NOT_OWNER_ALLOCATED = "NOT_OWNER_ALLOCATED"
     """Phase 5: the scheduler dealt the batch's pages (compute-owner allocation was off)."""
     CP_OFF = "CP_OFF"
-    """The batch has fewer current tokens than ``--nsa-prefill-cp-min-tokens``, so it runs
-    unsplit (every rank computes every token); phases that need a split are off for it."""
+    """The batch runs unsplit (every rank computes every token): SGLang 0.5.23 would not
+    split it (``rule=sglang``: a request below ``2*cp_size`` current tokens under zigzag, the
+    batch below ``cp_size`` under interleave), or it has fewer current tokens than
+    ``--nsa-prefill-cp-min-tokens``. Phases that need a split are off for it."""
 
 
 ReasonValue = int | str

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, SplitGate, model_preset
 from cpkv_core.traces.trace import Trace, load_trace
 
 DATA = Path(__file__).parent / "data"
@@ -23,10 +23,17 @@ def make_deploy(
     page_size: int = 4,
     cp_mode: CpMode = CpMode.IN_SEQ_SPLIT,
     index_k_dtype: IndexKDtype = IndexKDtype.FP8_E4M3,
+    split_gate: SplitGate = SplitGate.SGLANG,
 ) -> DeploymentConfig:
-    """A deployment with test-sized defaults."""
+    """A deployment with test-sized defaults. Tests about the split itself (short requests,
+    empty ranks, the bytes of a split) pass ``SplitGate.SPLIT_ANYWAY``: under SGLang's gate,
+    the default, such batches run unsplit."""
     return DeploymentConfig(
-        cp_size=cp_size, cp_mode=cp_mode, page_size=page_size, index_k_dtype=index_k_dtype
+        cp_size=cp_size,
+        cp_mode=cp_mode,
+        page_size=page_size,
+        index_k_dtype=index_k_dtype,
+        split_gate=split_gate,
     )
 
 

@@ -26,8 +26,10 @@ def test_parts_add_up_to_every_gathered_byte_and_direct_writes_gather_nothing() 
         tags = runs[row.level].rank_outputs[row.batch][0].gathered_bytes
         assert row.total == sum(tags.values()), (row, tags)
         direct = plan.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT
-        assert (row.write == 0) == direct, row
+        # NOTE: batch 2 runs unsplit (SGLang's gate): it writes from its own rows too.
+        assert (row.write == 0) == (direct or plan.computes_every_token), row
         reuse_only = direct and plan.kv_read is KvReadStrategy.CURRENT_REUSE
         assert (row.current_gather > 0) == reuse_only, row
         assert (row.materialize > 0) == plan.kv_read.value.startswith("materialized"), row
     assert any(row.phase == 5 for row in rows)
+    assert [r.total == 0 for r in rows if r.level < 2] == [False, False, True, False] * 2

@@ -17,7 +17,7 @@ from cpkv.cli import app
 from cpkv.run.explain import explain_trace
 from cpkv.run.jobs import Backend
 from cpkv.run.verify import verify_levels
-from cpkv_core.config import CpMode, DeploymentConfig, model_preset
+from cpkv_core.config import CpMode, DeploymentConfig, SplitGate, model_preset
 from cpkv_core.planning import (
     BatchSpec,
     ExecutionPlan,
@@ -42,7 +42,9 @@ runner = CliRunner()
 
 
 def deploy_with_min(cp_min_tokens: int, cp_size: int = 4, page_size: int = 4) -> DeploymentConfig:
-    return make_deploy(cp_size, page_size).model_copy(update={"cp_min_tokens": cp_min_tokens})
+    """The minimum alone decides: SGLang's gate is off (``split-anyway``)."""
+    deploy = make_deploy(cp_size, page_size, split_gate=SplitGate.SPLIT_ANYWAY)
+    return deploy.model_copy(update={"cp_min_tokens": cp_min_tokens})
 
 
 def schedule(deploy: DeploymentConfig, *requests: RequestSpec) -> list[ScheduledBatch]:
@@ -154,9 +156,8 @@ TRACES = {"mixed": 30, "long": 280}
 def test_every_level_matches_reference_with_some_batches_unsplit(
     trace: str, cp_size: int, page_size: int, cp_mode: CpMode
 ) -> None:
-    deploy = make_deploy(cp_size, page_size, cp_mode).model_copy(
-        update={"cp_min_tokens": TRACES[trace]}
-    )
+    deploy = make_deploy(cp_size, page_size, cp_mode, split_gate=SplitGate.SPLIT_ANYWAY)
+    deploy = deploy.model_copy(update={"cp_min_tokens": TRACES[trace]})
     batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
     report = verify_levels(TINY, deploy, batches, levels_of(ALL), ALL, Backend.LOCAL)
     unsplit = [b.num_tokens < TRACES[trace] for b in batches]
@@ -197,6 +198,8 @@ def test_verify_takes_the_minimum_from_the_command_line_and_shows_cp_off() -> No
         "16",
         "--nsa-prefill-cp-min-tokens",
         "200",
+        "--cp-split-gate",
+        "split-anyway",
         "--backend",
         "local",
         "--json",

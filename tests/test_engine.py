@@ -10,7 +10,7 @@ import torch
 
 from cpkv.run.jobs import Backend
 from cpkv.run.verify import VerifyReport, verify_levels
-from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, model_preset
+from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, SplitGate, model_preset
 from cpkv_core.planning import BatchSpec, Scheduler
 from cpkv_core.runtime import ReferenceModel
 from cpkv_core.runtime import engine as engine_mod
@@ -52,6 +52,13 @@ def test_long_requests_take_phase_5_and_match_reference_bitwise(
     assert_every_level_matches(report, len(batches))
     top = report.levels[-1]
     assert 5 in [row.batch_plan.phase for row in top.rows]
+    # NOTE: SGLang's gate (the default) runs batch 2 (requests of 3 and 2 tokens) unsplit.
+    assert [row.batch_plan.cp_off is not None for row in top.rows] == [
+        False,
+        False,
+        cp_size > 1,
+        False,
+    ]
     for row, batch in zip(top.rows, batches, strict=True):
         if row.batch_plan.phase == 5 and batch.has_history:
             # Direct writes need no all-gather: a history batch gathers no current KV at all.
@@ -64,7 +71,9 @@ def test_long_requests_take_phase_5_and_match_reference_bitwise(
 def test_levels_0_to_3_match_reference_bitwise(
     cp_size: int, page_size: int, cp_mode: CpMode
 ) -> None:
-    deploy = make_deploy(cp_size, page_size, cp_mode)
+    # NOTE: the split itself (short requests, ranks left empty) is under test, so every batch
+    # is split; under SGLang's gate most of this trace's batches would run unsplit.
+    deploy = make_deploy(cp_size, page_size, cp_mode, split_gate=SplitGate.SPLIT_ANYWAY)
     batches = mixed_trace(page_size).batches
     # NOTE: phases 4 and 5 fall back on every batch of this trace (each has a short
     # request); the long-request grid above covers levels 4 and 5.
@@ -109,7 +118,7 @@ def test_verify_detects_a_stale_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_gathered_bytes_count_current_kv_and_tail_exactly() -> None:
-    deploy = make_deploy(4, 4)
+    deploy = make_deploy(4, 4, split_gate=SplitGate.SPLIT_ANYWAY)  # NOTE: batch 0 is split
     batches = mixed_trace(4).batches
     report = verify(deploy, batches)
     first = report.levels[0].rows[0]

@@ -8,7 +8,7 @@ from typing import ClassVar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv_core.config import CpMode, DeploymentConfig
+from cpkv_core.config import CpMode, DeploymentConfig, SplitGate
 from cpkv_core.planning import (
     BatchSpec,
     ExecutionPlan,
@@ -75,6 +75,8 @@ def texts(reasons: tuple[Reason, ...]) -> tuple[str, ...]:
     batch=st.integers(0, 3),
     split_needers=st.frozensets(st.sampled_from(list(PhaseId))),
     cp_min_tokens=st.sampled_from([0, 16, 17, 1000]),
+    extend_len=st.sampled_from([1, 7, 8, 16]),
+    split_gate=st.sampled_from(list(SplitGate)),
 )
 def test_gate_respects_needs_and_picks_the_highest_active(
     enabled: frozenset[PhaseId],
@@ -83,14 +85,17 @@ def test_gate_respects_needs_and_picks_the_highest_active(
     batch: int,
     split_needers: frozenset[PhaseId],
     cp_min_tokens: int,
+    extend_len: int,
+    split_gate: SplitGate,
 ) -> None:
     registry = {
         pid: FakePhase(pid, refusals[pid - 1], needs_split=pid in split_needers) for pid in PhaseId
     }
-    deploy = DEPLOY.model_copy(update={"cp_min_tokens": cp_min_tokens})
-    plan = Gate(enabled, deploy, ceiling, registry).decide(make_batch(batch))  # 16 tokens
+    deploy = DEPLOY.model_copy(update={"cp_min_tokens": cp_min_tokens, "split_gate": split_gate})
+    plan = Gate(enabled, deploy, ceiling, registry).decide(make_batch(batch, extend_len=extend_len))
     active = {d.phase for d in plan.decisions if d.active}
-    unsplit = cp_min_tokens > 16
+    sglang_declines = split_gate is SplitGate.SGLANG and extend_len < 2 * DEPLOY.cp_size
+    unsplit = sglang_declines or cp_min_tokens > extend_len
     assert (plan.cp_off is not None) == unsplit == (plan.plan.split is SplitStrategy.NONE)
     assert [d.phase for d in plan.decisions] == list(PhaseId)
     for decision in plan.decisions:

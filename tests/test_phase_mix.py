@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from cpkv.cli import app
 from cpkv.run.explain import explain_trace
+from cpkv_core.config import SplitGate
 from cpkv_core.traces.trace import parse_trace_text
 from phases import PhaseId
 from tests.conftest import make_deploy
@@ -18,7 +19,7 @@ runner = CliRunner()
 
 # NOTE: cp 2, page 4: batch 0 is one current-only request of 16 pages (phase 5); batch 1
 # continues it by 2 tokens and adds two 1-token requests: history and short requests keep
-# it at phase 2.
+# it at phase 2 (unsplit under SGLang's gate: the 1-token requests are below 2*cp_size).
 TRACE = """\
 {"batch": 0, "requests": [{"rid": "a", "prefix_len": 0, "extend_len": 64}]}
 {"batch": 1, "requests": [{"rid": "a", "prefix_len": 64, "extend_len": 2},
@@ -39,9 +40,8 @@ def test_shares_count_batches_and_tokens_of_the_chosen_phase() -> None:
 
 def test_fallbacks_count_batches_per_code_for_enabled_phases_only() -> None:
     trace = parse_trace_text(TRACE, 4)
-    report = explain_trace(
-        trace.batches, ALL - {PhaseId.NARROW_OUTPUT}, make_deploy(cp_size=2, page_size=4)
-    )
+    deploy = make_deploy(cp_size=2, page_size=4, split_gate=SplitGate.SPLIT_ANYWAY)
+    report = explain_trace(trace.batches, ALL - {PhaseId.NARROW_OUTPUT}, deploy)
     mix = report.mix()
     assert 1 not in mix.fallbacks  # disabled: not a fallback
     assert mix.fallbacks[3] == {"HAS_HISTORY": 1}
@@ -57,7 +57,7 @@ def test_explain_summary_json_holds_the_mix_and_no_batch_rows(tmp_path: Path) ->
     result = runner.invoke(app, [*args, "--summary", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert list(doc) == ["deployment", "enabled", "ceiling", "killed", "summary"]
+    assert list(doc) == ["deployment", "enabled", "ceiling", "killed", "warnings", "summary"]
     summary = doc["summary"]
     assert [s["phase"] for s in summary["shares"]] == [0, 1, 2, 3, 4, 5]
     assert sum(s["batch_share"] for s in summary["shares"]) == 1.0

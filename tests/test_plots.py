@@ -123,6 +123,7 @@ def test_plan_out_writes_the_capacity_figure_for_cp_1_to_8(tmp_path: Path) -> No
 
 def test_explain_out_draws_the_phase_of_every_batch_and_counts_reasons(tmp_path: Path) -> None:
     args = ["explain", str(DATA / "mixed.jsonl"), "--phases", "all", "--cp-size", "2"]
+    args += ["--cp-split-gate", "split-anyway"]  # NOTE: the split's reasons, OWNER_MISMATCH too
     result = runner.invoke(app, [*args, "--page-size", "4", "--json", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     _assert_pngs(tmp_path, ["phases-by-batch.png"])

@@ -38,6 +38,7 @@ def test_same_seed_same_bytes_and_a_valid_trace(tmp_path: Path) -> None:
         "page_size": 64,
         "chunked_prefill_size": 8192,
         "max_prefill_tokens": 16384,
+        "kv_cache_sharding": False,
     }
 
 

@@ -3,7 +3,8 @@
 Two measurements, side by side:
 
 - bytes: the trace runs at every level twice on the in-process group, every batch split
-  (``cp_min_tokens`` 0) and with batches below the minimum unsplit (the ``none`` split); for
+  (``cp_min_tokens`` 0 and SGLang's gate off, ``split-anyway``, so "on" means split) and
+  with batches below the minimum unsplit (the ``none`` split); for
   each batch below the minimum, rank 0's bytes by purpose (current gather, tail,
   materialization) with CP on and off;
 - time: batches of growing size run with CP on and CP off on a gloo group, round after round
@@ -20,7 +21,7 @@ from typing import Any
 
 from cpkv.run.jobs import Backend, LevelRun, RankJob
 from cpkv.run.runner import run_levels
-from cpkv_core.config import DeploymentConfig, ModelConfig
+from cpkv_core.config import DeploymentConfig, ModelConfig, SplitGate
 from cpkv_core.planning import BatchSpec, RequestSpec, pages_for_trace
 from phases import PhaseId
 
@@ -157,6 +158,7 @@ def cp_off_bytes(
     """Every level of ``batches`` split, then with ``min_tokens``; rows for the batches
     below it, CP on and off side by side."""
     rows = []
+    deploy = deploy.model_copy(update={"split_gate": SplitGate.SPLIT_ANYWAY})
     on = run_levels(_job(model, deploy, batches, levels, device), Backend.LOCAL)
     off_deploy = deploy.model_copy(update={"cp_min_tokens": min_tokens})
     off = run_levels(_job(model, off_deploy, batches, levels, device), Backend.LOCAL)
@@ -189,6 +191,7 @@ def cp_off_time_jobs(
     """``repeats + 1`` rounds (the first a warm-up) of a CP-on job then a CP-off job, each
     running every size once at ``level``; to run in the bench's one gloo group."""
     batches = timed_batches(CP_OFF_SIZES_CUDA if device == "cuda" else CP_OFF_SIZES)
+    deploy = deploy.model_copy(update={"split_gate": SplitGate.SPLIT_ANYWAY})
     on = _job(model, deploy.model_copy(update={"cp_min_tokens": 0}), batches, (level,), device)
     off_deploy = deploy.model_copy(update={"cp_min_tokens": ALWAYS_OFF})
     off = _job(model, off_deploy, batches, (level,), device)

@@ -17,7 +17,7 @@ from cpkv.commands.options import (
     print_written,
     takes_run_options,
 )
-from cpkv.common.console import BadInput, bad_input_exits, emit, out
+from cpkv.common.console import BadInput, bad_input_exits, emit, out, warn
 from cpkv.render.batches import render_explain, render_explain_batch
 from cpkv.render.reports import render_explain_summary
 from cpkv.run.explain import explain_trace, parse_killed
@@ -61,6 +61,7 @@ def explain_command(
     report = explain_trace(
         trace.batches, settings.enabled, settings.deploy, settings.ceiling, kills
     )
+    warn(report.warnings)
     if batch is not None:
         with bad_input_exits():
             i = batch_index(report.batches, batch)

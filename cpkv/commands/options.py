@@ -26,7 +26,7 @@ from cpkv.common.devices import Device
 from cpkv.common.settings import RunSettings, resolve_run
 from cpkv.run.jobs import Backend
 from cpkv.run.shadow import parse_fault
-from cpkv_core.config import CpMode, IndexKDtype, Launcher, MaterializeMode
+from cpkv_core.config import CpMode, IndexKDtype, Launcher, MaterializeMode, SplitGate
 
 if TYPE_CHECKING:
     from cpkv.plots import Written
@@ -67,6 +67,15 @@ CpMinTokensOpt = Annotated[
         "Batches with fewer current tokens run unsplit (CP off for them); 0: always split.",
         "0",
         metavar="N",
+    ),
+]
+SplitGateOpt = Annotated[
+    SplitGate | None,
+    flag_option(
+        "--cp-split-gate",
+        "Which batches are split: sglang (as SGLang 0.5.23 decides) or split-anyway (every "
+        "batch).",
+        "sglang",
     ),
 ]
 MaterializeOpt = Annotated[
@@ -157,6 +166,7 @@ class RunOptions:
     page_size: PageSizeOpt = None
     cp_mode: CpModeOpt = None
     cp_min_tokens: CpMinTokensOpt = None
+    split_gate: SplitGateOpt = None
     materialize: MaterializeOpt = None
     materialize_prefetch: PrefetchOpt = None
     backend: BackendOpt = Backend.GLOO
@@ -182,6 +192,7 @@ class RunOptions:
             "page_size": self.page_size,
             "nsa_prefill_cp_mode": self.cp_mode,
             "nsa_prefill_cp_min_tokens": self.cp_min_tokens,
+            "cp_split_gate": self.split_gate,
             "shadow_rate": self.shadow_rate,
             "batch_timeout_s": self.batch_timeout_s,
             "launcher": self.launcher,
@@ -194,7 +205,15 @@ class RunOptions:
         return dataclasses.replace(settings, device=str(self.device), fault=fault)
 
 
-GATE_OPTIONS = ("phases", "config", "cp_size", "page_size", "cp_mode", "cp_min_tokens")
+GATE_OPTIONS = (
+    "phases",
+    "config",
+    "cp_size",
+    "page_size",
+    "cp_mode",
+    "cp_min_tokens",
+    "split_gate",
+)
 """What the gate decides a trace with: the run options of ``explain``."""
 READ_OPTIONS = ("materialize", "materialize_prefetch")
 """How sharded reads build their view."""

@@ -23,6 +23,7 @@ from cpkv.synth import (
     Size,
     Workload,
     check_scheduler,
+    effective_scheduler,
     generated_shared_prefix,
     random_prompts,
     read_requests_file,
@@ -133,6 +134,14 @@ def synth_command(
         IntOpt,
         typer.Option("--max-concurrency", help="Sessions in flight (default: the workload's)."),
     ] = None,
+    kv_cache_sharding: Annotated[
+        bool,
+        typer.Option(
+            "--enable-kv-cache-sharding",
+            help="Schedule as a KV-sharded server: the chunk size rounds up to a page "
+            "multiple and every chunk starts on a page boundary.",
+        ),
+    ] = False,
     gsp_num_groups: Annotated[IntOpt, typer.Option(help="Groups (default: 64).")] = None,
     gsp_prompts_per_group: Annotated[
         IntOpt, typer.Option(help="Prompts per group (default: 16).")
@@ -174,9 +183,11 @@ def synth_command(
             "max_prefill_tokens": max_prefill_tokens,
         }
         scheduler = scheduler.model_copy(
-            update={"page_size": page_size} | {k: v for k, v in overrides.items() if v is not None}
+            update={"page_size": page_size, "kv_cache_sharding": kv_cache_sharding}
+            | {k: v for k, v in overrides.items() if v is not None}
         )
         check_scheduler(scheduler)
+        asked, scheduler = scheduler.chunked_prefill_size, effective_scheduler(scheduler)
         if max_concurrency is not None:
             if max_concurrency < 1:
                 raise BadInput(f"--max-concurrency must be >= 1, got {max_concurrency}")
@@ -192,6 +203,7 @@ def synth_command(
         "size": str(size or Size.FULL) if workload in {n for n, _ in PRESETS} else None,
         "seed": seed,
         "scheduler": scheduler.model_dump(),
+        "chunked_prefill_size_given": asked,
         "max_concurrency": chosen.max_concurrency,
         **summarize(batches, page_size).to_json(),
     }
@@ -200,6 +212,14 @@ def synth_command(
 
 def _render(document: dict[str, Any]) -> None:
     sched = document["scheduler"]
+    if sched["chunked_prefill_size"] != document["chunked_prefill_size_given"]:
+        out.print(
+            f"note: chunked prefill size rounded up from {document['chunked_prefill_size_given']}"
+            f" to {sched['chunked_prefill_size']} (a multiple of page {sched['page_size']}) "
+            "for KV sharding, as SGLang 0.5.23 does",
+            highlight=False,
+            markup=False,
+        )
     out.print(
         f"wrote {document['out']}: {document['batches']} batches, {document['requests']} "
         f"requests, {document['computed_tokens']:,} tokens computed + "

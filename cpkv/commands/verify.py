@@ -12,10 +12,11 @@ import typer
 
 from cpkv.commands.options import VERIFY_OPTIONS, JsonOpt, RunOptions, TraceArg, takes_run_options
 from cpkv.commands.shared import dry_run_exit, run_verify, runnable_model
-from cpkv.common.console import bad_input_exits, emit, out
+from cpkv.common.console import bad_input_exits, emit, out, warn
 from cpkv.common.devices import Device, check_device
 from cpkv.render.batches import render_verify
 from cpkv.render.progress import with_progress
+from cpkv.run.explain import sharded_trace_warnings
 from cpkv.run.jobs import RankJob
 from cpkv.run.launchers import dist_backend, torchrun_worker
 from cpkv.run.runner import run_jobs_in_group
@@ -38,6 +39,7 @@ def verify_command(trace_path: TraceArg, run: RunOptions, as_json: JsonOpt = Fal
         worker = torchrun_worker(
             settings.launcher, run.backend, settings.deploy.cp_size, run.device
         )
+    warn(sharded_trace_warnings(trace.batches, settings.enabled, settings.deploy))
     job = verify_job(model, settings, trace.batches)
     render = partial(render_verify, out, deploy=settings.deploy)
     if worker is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -65,3 +65,9 @@ def emit(as_json: bool, document: dict[str, Any], render: Callable[[], None]) ->
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         render()
+
+
+def warn(warnings: Sequence[str]) -> None:
+    """Prints each warning on stderr, so ``--json`` output on stdout stays one document."""
+    for warning in warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)

@@ -13,6 +13,7 @@ from cpkv.run.phase_mix import PhaseMix, phase_mix
 from cpkv.run.reason_codes import count_codes
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec, pages_for_trace
+from cpkv_core.planning.chunking import mid_page_warning
 from phases import BatchPlan, PhaseId
 
 
@@ -51,6 +52,8 @@ class ExplainReport:
     plans: tuple[BatchPlan, ...]
     killed: tuple[ReplayedKill, ...] = ()
     """Kill switches replayed with ``--killed``."""
+    warnings: tuple[str, ...] = ()
+    """What the trace does that the server would not (``sharded_trace_warnings``)."""
 
     def mix(self) -> PhaseMix:
         """The share of batches and tokens per phase, and fallback codes per enabled phase."""
@@ -81,6 +84,7 @@ class ExplainReport:
             "enabled": sorted(int(p) for p in self.enabled),
             "ceiling": self.ceiling,
             "killed": [{"phase": int(k.phase), "batch": k.batch} for k in self.killed],
+            "warnings": list(self.warnings),
         }
         if not summary_only:
             document["batches"] = [
@@ -141,4 +145,17 @@ def explain_trace(
         for kill in killed:
             if kill.batch == batch.batch:
                 loop.gate.kill(kill.phase, (("batch", kill.batch), ("replayed", "--killed")))
-    return ExplainReport(deploy, enabled, ceiling, tuple(batches), tuple(plans), tuple(killed))
+    warnings = sharded_trace_warnings(batches, enabled, deploy)
+    return ExplainReport(
+        deploy, enabled, ceiling, tuple(batches), tuple(plans), tuple(killed), warnings
+    )
+
+
+def sharded_trace_warnings(
+    batches: Sequence[BatchSpec], enabled: frozenset[PhaseId], deploy: DeploymentConfig
+) -> tuple[str, ...]:
+    """With sharded KV (phase 2) enabled, a warning when the trace resumes chunks mid-page."""
+    if PhaseId.SHARDED_KV not in enabled:
+        return ()
+    warning = mid_page_warning(batches, deploy.page_size)
+    return () if warning is None else (warning,)

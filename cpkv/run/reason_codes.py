@@ -47,8 +47,10 @@ MEANINGS: dict[str, str] = {
     "NOT_OWNER_ALLOCATED": "the batch's pages were dealt, not put on their compute owners",
     "KILLED": "its kill switch tripped at runtime",
     "CP_OFF": (
-        "fewer current tokens than --nsa-prefill-cp-min-tokens: every rank computes the whole "
-        "batch (split none), and phases 1, 4, 5 are off for it"
+        "SGLang 0.5.23 would not split the batch (rule=sglang: a request below 2*cp_size "
+        "current tokens under zigzag, the batch below cp_size under interleave) or it has "
+        "fewer than --nsa-prefill-cp-min-tokens: every rank computes the whole batch (split "
+        "none), and phases 1, 4, 5 are off for it"
     ),
 }
 """What each code means, for the legend under a table; see docs/phases/README.md."""

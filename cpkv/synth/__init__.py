@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from cpkv.synth.presets import PRESET_NAMES, PRESETS, Preset, Size
 from cpkv.synth.requests_file import read_requests_file
-from cpkv.synth.scheduler import SchedulerConfig, check_scheduler, schedule
+from cpkv.synth.scheduler import (
+    SchedulerConfig,
+    check_scheduler,
+    effective_scheduler,
+    schedule,
+)
 from cpkv.synth.shapes import GspShape, RandomShape, generated_shared_prefix, random_prompts
 from cpkv.synth.trace_out import SynthSummary, summarize, trace_text
 from cpkv.synth.workload import Session, Turn, Workload
@@ -24,6 +29,7 @@ __all__ = [
     "Turn",
     "Workload",
     "check_scheduler",
+    "effective_scheduler",
     "generated_shared_prefix",
     "random_prompts",
     "read_requests_file",

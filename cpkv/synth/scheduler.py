@@ -12,6 +12,10 @@ Per batch (SGLang's ``PrefillAdder``, ``schedule_policy.py``, first come first s
    pages that fit and becomes the chunked request; the batch ends there.
 3. Both budgets are charged the extend rounded up to whole pages.
 
+With ``kv_cache_sharding`` (SGLang's ``--enable-kv-cache-sharding``) the chunk size is first
+rounded up to a page multiple and a chunked request's next chunk ends on a page boundary, so
+no chunk resumes mid-page (the rules: ``cpkv_core.planning.chunking``).
+
 After the batch, every request's computed full pages go into the radix cache, and a
 finished turn releases its session's next turn (or, under ``max_concurrency``, frees a
 place for the next session).
@@ -27,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from cpkv.synth.radix import PageRadixTree
 from cpkv.synth.workload import PageKey, Session, Turn, Workload, page_keys
 from cpkv_core.planning import BatchSpec, RequestSpec
+from cpkv_core.planning.chunking import sharded_chunk_size, sharded_next_chunk
 
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192
 """SGLang's ``--chunked-prefill-size`` on 60-160 GiB GPUs (H100, H200)."""
@@ -45,10 +50,32 @@ class SchedulerConfig(BaseModel):
     """Most tokens one batch computes, chunking long prompts; -1 turns chunking off."""
     max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS
     """Token budget of one batch: a request that would reach it waits for the next batch."""
+    kv_cache_sharding: bool = False
+    """SGLang's ``--enable-kv-cache-sharding``: page-multiple chunks, each starting on a page
+    boundary."""
+
+
+def effective_scheduler(config: SchedulerConfig) -> SchedulerConfig:
+    """The settings the server runs: with KV sharding, the chunk size rounded up to a page
+    multiple (10000 -> 10048 at page 64).
+
+    Raises:
+        ValueError: KV sharding with chunked prefill off or a page size below 2.
+    """
+    if not config.kv_cache_sharding:
+        return config
+    if config.page_size <= 1:
+        raise ValueError(
+            f"KV sharding requires a page size above 1, got {config.page_size} "
+            "(sglang 0.5.23, srt/arg_groups/kv_shard_hook.py)"
+        )
+    chunk = sharded_chunk_size(config.chunked_prefill_size, config.page_size)
+    return config.model_copy(update={"chunked_prefill_size": chunk})
 
 
 def check_scheduler(config: SchedulerConfig) -> None:
     """Raises ValueError for settings under which no batch could be built."""
+    config = effective_scheduler(config)
     page, chunk = config.page_size, config.chunked_prefill_size
     if page < 1:
         raise ValueError(f"page_size must be >= 1, got {page}")
@@ -112,6 +139,7 @@ def schedule(workload: Workload, config: SchedulerConfig) -> tuple[BatchSpec, ..
         ValueError: scheduler settings under which no batch could be built.
     """
     check_scheduler(config)
+    config = effective_scheduler(config)
     limit = workload.max_concurrency or len(workload.sessions)
     state = _State(workload.sessions, limit)
     batches: list[BatchSpec] = []
@@ -145,6 +173,9 @@ def _build_batch(state: _State, config: SchedulerConfig) -> list[tuple[_Live, Re
     if carried is not None:
         remaining = carried.turn.prompt_len - carried.done
         extend = remaining if budget.chunk_tokens is None else min(remaining, budget.chunk_tokens)
+        if config.kv_cache_sharding and budget.chunk_tokens is not None:
+            fits = sharded_next_chunk(carried.done, budget.chunk_tokens, config.page_size)
+            extend = min(remaining, fits)
         scheduled.append((carried, RequestSpec(carried.turn.rid, carried.done, extend)))
         budget.charge(extend)
         state.chunked = carried if extend < remaining else None

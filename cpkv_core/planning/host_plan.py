@@ -25,6 +25,7 @@ from cpkv_core.planning.peer_view import PeerViewPlan, history_entries, peer_vie
 from cpkv_core.planning.remap import ViewPlan, slot_view_plan, unique_view_plan
 from cpkv_core.planning.scheduler import ScheduledBatch
 from cpkv_core.planning.segments import SplitSegments, build_segments
+from cpkv_core.planning.sglang_cp import gather_rows_per_rank
 from cpkv_core.planning.write_runs import current_pages, write_runs
 
 __all__ = ["AttendedRequest", "HostPlan", "KeySource", "build_host_plan"]
@@ -75,7 +76,9 @@ class HostPlan:
     num_tokens: int
     num_local: int
     max_local: int
-    """Rows per rank in the padded all-gather of the current chunk."""
+    """Rows per rank in the padded all-gather of the current chunk (and the full tail
+    gather): the busiest rank's rows, rounded up to a multiple of ``cp_size`` under the
+    round-robin split as SGLang 0.5.23 pads it (``planning.sglang_cp``)."""
     local_start: int
     """Offset of this rank's tokens among the packed segments' tokens, rank-major."""
     num_segments: int
@@ -286,7 +289,7 @@ def build_host_plan(
         bs=len(batch.requests),
         num_tokens=segs.num_tokens,
         num_local=int(num_local[rank]),
-        max_local=int(num_local.max(initial=0)),
+        max_local=gather_rows_per_rank(int(num_local.max(initial=0)), plan.split, cp),
         local_start=0 if segs.replicated else int(num_local[:rank].sum()),
         num_segments=len(segs.rank[packed]),
         attended=attended,

@@ -196,7 +196,12 @@ class CPEngine:
         host, tensors = self.prepare(batch, plan)
         saved = self.pool.save_rows(tensors.write_dest)
         try:
-            return Served(host, tensors, self.run_step(host, tensors, batch)), saved
+            step = self.run_step(host, tensors, batch)
+            if plan.computes_every_token and self.comm.world_size > 1:
+                # NOTE: an unsplit batch has no collective after its writes (no tail gather):
+                # without this, a rank would commit while a peer failed the batch.
+                self.comm.barrier()
+            return Served(host, tensors, step), saved
         except BaseException:
             self.pool.restore_rows(saved)
             raise
