@@ -41,7 +41,7 @@ class ProblemCode(StrEnum):
     """A phase flag is on but the flag of a phase it needs is off."""
     STARTUP_CONTRACT = "STARTUP_CONTRACT"
     """A flagged phase's own start-up contract (``phases``) does not hold for the
-    deployment the flags describe (e.g. phase 4 with round-robin-split)."""
+    deployment the flags describe (e.g. phase 2 with a CP decode side)."""
 
 
 @dataclass(frozen=True, slots=True)

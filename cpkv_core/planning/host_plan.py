@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy, KvWriteStrategy
 from cpkv_core.planning.ownership import local_page, owner_of_page
+from cpkv_core.planning.page_runs import PageRuns, current_page_runs, flatten_tables
 from cpkv_core.planning.peer_view import PeerViewPlan, history_entries, peer_view_plan
 from cpkv_core.planning.remap import ViewPlan, slot_view_plan, unique_view_plan
 from cpkv_core.planning.scheduler import ScheduledBatch
@@ -144,39 +145,8 @@ def _rows_before(segs: SplitSegments, lo: int, hi: int, tokens: IntArray) -> Int
     return rows
 
 
-@dataclass(frozen=True, slots=True)
-class _CurrentPages:
-    """Every page a batch's current tokens touch, as runs of batch tokens."""
-
-    page: IntArray
-    g0: IntArray
-    count: IntArray
-    offset: IntArray
-    """Position in the page of the run's first token."""
-
-
-def _current_pages(
-    batch: ScheduledBatch, cu_extend: IntArray, flat: IntArray, table_cu: IntArray
-) -> _CurrentPages:
-    ps = batch.page_size
-    prefix = np.asarray(batch.prefix_lens, np.int64)
-    seq = prefix + np.asarray(batch.extend_lens, np.int64)
-    pages = np.asarray(batch.current_pages, np.int64)
-    req = np.repeat(np.arange(len(pages), dtype=np.int64), pages)
-    first = np.cumsum(pages) - pages
-    j = prefix[req] // ps + np.arange(len(req), dtype=np.int64) - first[req]
-    start = np.maximum(j * ps, prefix[req])
-    end = np.minimum((j + 1) * ps, seq[req])
-    return _CurrentPages(
-        page=flat[table_cu[req] + j],
-        g0=cu_extend[req] + start - prefix[req],
-        count=end - start,
-        offset=start - j * ps,
-    )
-
-
 def _write_runs(
-    batch: ScheduledBatch, plan: ExecutionPlan, rank: int, pages: _CurrentPages, segs: SplitSegments
+    batch: ScheduledBatch, plan: ExecutionPlan, rank: int, pages: PageRuns, segs: SplitSegments
 ) -> dict[str, IntArray]:
     """Per page run this rank writes: source row, pool row, logical loc, length."""
     ps, cp = batch.page_size, batch.cp_size
@@ -305,10 +275,11 @@ def build_host_plan(
     extend = np.asarray(batch.extend_lens, np.int64)
     prefix = np.asarray(batch.prefix_lens, np.int64)
     cu_extend = np.concatenate([[0], np.cumsum(extend)]).astype(np.int64)
-    tables = [r.page_table for r in batch.requests]
-    flat = np.concatenate(tables) if tables else np.empty(0, np.int64)
-    table_cu = np.concatenate([[0], np.cumsum([len(t) for t in tables])]).astype(np.int64)
-    segs = build_segments(plan.split, batch.extend_lens, batch.prefix_lens, cp, batch.page_size)
+    flat, table_cu = flatten_tables([r.page_table for r in batch.requests])
+    runs = current_page_runs(batch.extend_lens, batch.prefix_lens, flat, table_cu, batch.page_size)
+    segs = build_segments(
+        plan.split, batch.extend_lens, batch.prefix_lens, cp, batch.page_size, runs
+    )
     num_local = segs.num_local
     lo, hi = (int(i) for i in np.searchsorted(segs.rank, [rank, rank + 1]))
     # NOTE: under the none split every rank's segment is the same; pack only this rank's.
@@ -322,7 +293,7 @@ def build_host_plan(
         for i, k0, k1 in zip(attended_index, key_cu[:-1], key_cu[1:], strict=True)
     )
     read = _read(batch, plan, rank, flat, peer_read, history_view)
-    writes = _write_runs(batch, plan, rank, _current_pages(batch, cu_extend, flat, table_cu), segs)
+    writes = _write_runs(batch, plan, rank, runs, segs)
     last_tokens = cu_extend[1:] - 1
     last_ranks, last_rows, local_last = _last_tokens(segs, rank, last_tokens)
     buffer, fields = _pack(

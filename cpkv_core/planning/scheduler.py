@@ -46,6 +46,10 @@ class OwnerPolicy(StrEnum):
     COMPUTE_OWNER = "compute-owner"
     """Each page to the rank that computes it under the page-aligned split, when the batch
     can take that split; otherwise dealt."""
+    BATCH_DEALT = "batch-dealt"
+    """The batch's new pages dealt to consecutive owners in one cycle across its requests,
+    from the owner with the most free pages: each request's pages stay interleaved, and the
+    page-interleaved split (which computes every page on its owner) balances the batch."""
 
 
 class ScheduleError(ValueError):
@@ -198,7 +202,7 @@ class Scheduler:
             batch.batch,
             tuple((r.rid, self._pages_held(r), self._seq_lens.get(r.rid)) for r in batch.requests),
         )
-        new_pages = self._allocate_all(batch, compute_owners)
+        new_pages = self._allocate_all(batch, self._new_owners(batch, policy, compute_owners))
         self._undo = undo
         requests = tuple(
             ScheduledRequest(
@@ -279,30 +283,45 @@ class Scheduler:
     ) -> tuple[tuple[int, ...], ...] | None:
         """Per request the compute owner of each current page, when ``policy`` allocates by
         compute owner and the batch can take the page-aligned split; None otherwise."""
-        if policy is OwnerPolicy.DEALT or short_requests(
+        if policy is not OwnerPolicy.COMPUTE_OWNER or short_requests(
             extend_lens, prefix_lens, self.cp_size, self.page_size
         ):
             return None
         return compute_owner_of_pages(extend_lens, prefix_lens, self.cp_size, self.page_size)
 
-    def _allocate_all(
-        self, batch: BatchSpec, compute_owners: tuple[tuple[int, ...], ...] | None
-    ) -> PageTable:
+    def _new_owners(
+        self,
+        batch: BatchSpec,
+        policy: OwnerPolicy,
+        compute_owners: tuple[tuple[int, ...], ...] | None,
+    ) -> list[Sequence[int] | None]:
+        """Per request, the owner of each page it allocates (None: dealt per request)."""
+        counts = [ceil_div(r.seq_len, self.page_size) - self._pages_kept(r) for r in batch.requests]
+        if compute_owners is not None:
+            # NOTE: a chunk resuming mid-page already holds its first page.
+            pairs = zip(compute_owners, counts, strict=True)
+            return [owners[len(owners) - n :] for owners, n in pairs]
+        if policy is not OwnerPolicy.BATCH_DEALT:
+            return [None] * len(counts)
+        free = self.allocator.free_pages_by_owner()
+        cursor = free.index(max(free))
+        owners: list[Sequence[int] | None] = []
+        for n in counts:
+            owners.append([(cursor + i) % self.cp_size for i in range(n)])
+            cursor = (cursor + n) % self.cp_size
+        return owners
+
+    def _allocate_all(self, batch: BatchSpec, new_owners: list[Sequence[int] | None]) -> PageTable:
         done: list[tuple[str, int]] = []
         new_pages = []
         try:
-            for i, req in enumerate(batch.requests):
+            for req, owners in zip(batch.requests, new_owners, strict=True):
                 held = self._pages_held(req)
                 shared = None
                 if req.prefix_from is not None:
                     source = self.allocator.page_table(req.prefix_from)
                     shared = source[: req.prefix_len // self.page_size]
                 num_pages = ceil_div(req.seq_len, self.page_size)
-                owners = None
-                if compute_owners is not None:
-                    # NOTE: a chunk resuming mid-page already holds its first page.
-                    new = num_pages - (held if shared is None else len(shared))
-                    owners = compute_owners[i][len(compute_owners[i]) - new :]
                 new_pages.append(self.allocator.allocate(req.rid, num_pages, shared, owners))
                 done.append((req.rid, held))
         except BaseException:
@@ -310,6 +329,12 @@ class Scheduler:
                 self.allocator.truncate(rid, held)
             raise
         return np.concatenate(new_pages) if new_pages else np.empty(0, np.int64)
+
+    def _pages_kept(self, req: RequestSpec) -> int:
+        """Pages ``req`` starts the batch with: its own, or a new request's shared prefix."""
+        if req.prefix_from is not None:
+            return req.prefix_len // self.page_size
+        return self._pages_held(req)
 
     def _pages_held(self, req: RequestSpec) -> int:
         return len(self.allocator.page_table(req.rid)) if req.rid in self.allocator else 0
