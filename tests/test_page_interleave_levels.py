@@ -9,27 +9,12 @@ import pytest
 from cpkv.runner import Backend
 from cpkv.verify import verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, MaterializeMode, model_preset
-from cpkv_core.planning import BatchSpec, RequestSpec, SplitStrategy
+from cpkv_core.planning import SplitStrategy
 from phases import PhaseId
+from tests.conftest import interleave_trace
 
 TINY = model_preset("tiny")
 ALL = frozenset(PhaseId)
-
-
-def interleave_trace(cp_size: int, page_size: int, pages_per_rank: int) -> tuple[BatchSpec, ...]:
-    """Four batches in units of ``cp_size`` pages: ``a`` ends mid-page and resumes there
-    twice, ``c`` hits ``b``'s first pages, batch 2 has three tokens (idle ranks)."""
-    unit = cp_size * page_size
-    a0, a1 = pages_per_rank * unit + page_size // 2 + 1, pages_per_rank * unit + 1
-    return (
-        BatchSpec(0, (RequestSpec("a", 0, a0), RequestSpec("b", 0, unit + 1))),
-        BatchSpec(1, (RequestSpec("a", a0, a1), RequestSpec("c", unit, unit + 3, "b"))),
-        BatchSpec(2, (RequestSpec("a", a0 + a1, 2), RequestSpec("d", 0, 1))),
-        BatchSpec(
-            3,
-            (RequestSpec("d", 1, pages_per_rank * unit), RequestSpec("a", a0 + a1 + 2, unit + 2)),
-        ),
-    )
 
 
 # NOTE: every cp 1-5 and page 1/2/4/16/64, not their product: tokens grow with cp * page.
