@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
+from cpkv.bench_balance import BalanceFigure, balance_figure
 from cpkv.bench_bytes import BatchBytes, bytes_by_batch
 from cpkv.bench_cp_off import (
     CpOffFigure,
@@ -200,6 +201,7 @@ class BenchReport:
     peer_read: list[PeerReadBatch]
     overlap: OverlapFigure
     rollback: RollbackFigure
+    balance: BalanceFigure
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of ``cpkv bench --json``."""
@@ -244,6 +246,7 @@ class BenchReport:
             },
             "overlap": self.overlap.to_json(),
             "rollback": self.rollback.to_json(),
+            **self.balance.to_json(),
         }
 
 
@@ -296,6 +299,7 @@ def run_bench(
     off_times = cp_off_times(off_jobs, group_runs[1:off_end])
     view_runs = [job_runs[0] for job_runs in group_runs[off_end:]]
     page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, deploy.page_size)
+    balance = balance_figure(model, deploy, batches, device, step)
     step(f"PD: {deploy.cp_size} prefill ranks -> decode over Mooncake loopback")
     pd = bench_pd(model, deploy, batches, (0, 2, 5))
     return BenchReport(
@@ -316,4 +320,5 @@ def run_bench(
         peer_read=peer_read_figure(model, view_runs, deploy),
         overlap=overlap_figure(view_runs, deploy.cp_size),
         rollback=rollback,
+        balance=balance,
     )

@@ -14,6 +14,7 @@ from cpkv.dry_run import DryRunReport
 from cpkv.explain import ExplainReport
 from cpkv.pd import PdReport
 from cpkv.phase_mix import render_phase_mix
+from cpkv.report_balance import render_balance
 from cpkv.report_cp_off import render_cp_off
 from cpkv.report_peer_read import render_overlap, render_peer_read
 from cpkv.report_rollback import render_rollback
@@ -152,6 +153,7 @@ def render_bench(console: Console, report: BenchReport) -> None:
     render_peer_read(console, report.peer_read, report.step_time_cp_size)
     render_overlap(console, report.overlap)
     render_rollback(console, report.rollback)
+    render_balance(console, report.balance)
     pd = Table(
         title=f"PD: bytes each prefill rank sent for the trace (Mooncake, loopback; "
         f"{report.pd.model}, {report.pd.row_bytes_per_token} B per token)"
