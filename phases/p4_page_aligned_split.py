@@ -67,8 +67,8 @@ def unbalanced_reasons(batch: ScheduledBatch) -> list[Reason]:
     values = (
         ("pages", sum(batch.current_pages)),
         ("idle", load.idle_ranks),
-        ("tokens", f"{load.tokens_max_over_mean:.2f}"),
-        ("work", f"{load.work_max_over_mean:.2f}"),
+        ("tokens", f"{load.tokens_max_over_mean:.3f}"),
+        ("work", f"{load.work_max_over_mean:.3f}"),
         ("bound", f"{PAGE_INTERLEAVE_MAX_IMBALANCE:.2f}"),
     )
     return [Reason(ReasonCode.UNBALANCED, values)]

@@ -210,7 +210,7 @@ def test_balance_rule_falls_back_on_an_idle_rank_and_beyond_the_bound() -> None:
 
 def test_gate_keeps_token_interleave_for_an_unbalanced_batch_with_the_figures() -> None:
     """Three pages over four ranks: one rank idle; the reason carries the figures. Pages of
-    positions 0-3, 4-7, 8-11 cost 10, 26 and 42 key reads: 42 / (78 / 4) = 2.15."""
+    positions 0-3, 4-7, 8-11 cost 10, 26 and 42 key reads: 42 / (78 / 4) = 2.154."""
     deploy = DeploymentConfig(cp_size=4, page_size=4, cp_mode=ROUND_ROBIN)
     gate = Gate(frozenset(PhaseId), deploy)
     scheduler = Scheduler(64, 4, 4)
@@ -218,7 +218,7 @@ def test_gate_keeps_token_interleave_for_an_unbalanced_batch_with_the_figures() 
     plan = gate.decide(batch)
     assert plan.phase == 3 and plan.plan.split is SplitStrategy.ROUND_ROBIN
     assert [str(r) for r in plan.decisions[3].reasons] == [
-        "UNBALANCED pages=3 idle=1 tokens=1.33 work=2.15 bound=1.25"
+        "UNBALANCED pages=3 idle=1 tokens=1.333 work=2.154 bound=1.25"
     ]
     assert [str(r) for r in plan.decisions[4].reasons] == ["NEEDS_INACTIVE phase=4"]
 

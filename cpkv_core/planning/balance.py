@@ -106,8 +106,8 @@ def rank_load(
     prefix = np.asarray(prefix_lens, np.int64)
     cu = np.concatenate([[0], np.cumsum(extend)]).astype(np.int64)
     if segs.replicated:
-        work = int(_progression_work(prefix, extend, np.ones_like(extend)).sum())
-        return RankLoad((int(cu[-1]),) * segs.cp_size, (work,) * segs.cp_size)
+        total = int(_progression_work(prefix, extend, np.ones_like(extend)).sum())
+        return RankLoad((int(cu[-1]),) * segs.cp_size, (total,) * segs.cp_size)
     # NOTE: zigzag blocks and page runs lie inside one request: one closed form each. Only
     # round-robin's strided segments cross requests, and they are cut per request.
     first_req = np.searchsorted(cu, segs.g0, side="right") - 1
@@ -143,10 +143,10 @@ def split_load(
 PAGE_INTERLEAVE_MAX_IMBALANCE = 1.25
 """The page-interleaved split is taken while the busiest rank's current tokens and causal
 work are each at most this many times the mean (and no rank is idle). Chosen from
-``cpkv bench``'s ``balance`` figure: token interleave stays within 1.02 on every preset, and
-page interleave within 1.25 on at least 93% of the production-shaped presets' batches at
-cp 2/4/8 (page 64); batches beyond it have a few pages per rank (see
-docs/phases/p4-page-aligned-split.md)."""
+``cpkv bench``'s ``balance`` figure (page 64, cp 2/4/8): it keeps the page interleave on 93%
+or more of the full-size ``trace synth`` presets' batches, and the busiest rank's work over
+the trace within 1.16 of the mean on every preset, where the page interleave on every batch
+reaches 1.83 (docs/phases/p4-page-aligned-split.md)."""
 
 
 def page_interleave_load(batch: ScheduledBatch) -> RankLoad:
