@@ -9,7 +9,8 @@ In ``round-robin-split`` the token interleave becomes a page interleave: the cur
 of logical page ``p`` go to rank ``p % cp_size``, the page's storage owner, so the compute
 owner is the storage owner by construction. A batch keeps the token interleave when the page
 interleave would leave a rank idle or load the busiest rank beyond the balance rule
-(``UNBALANCED``, ``balance.page_interleave_fits``).
+(``UNBALANCED``, ``balance.page_interleave_fits`` on the load the scheduler recorded,
+``ScheduledBatch.owner_load``).
 
 Either way segments hold unequal token counts; the engine groups local queries by their real
 segment rows, never by half. The invariant "one compute owner per page" is what phase 5's
@@ -29,7 +30,6 @@ from cpkv_core.planning import (
     SplitStrategy,
     is_short_page_count,
     page_interleave_fits,
-    page_interleave_load,
 )
 from phases.base import StartupContract
 from phases.ids import PhaseId
@@ -61,7 +61,7 @@ def short_request_reasons(batch: ScheduledBatch, code: ReasonCode) -> list[Reaso
 def unbalanced_reasons(batch: ScheduledBatch) -> list[Reason]:
     """``UNBALANCED pages=.. idle=.. tokens=.. work=.. bound=..`` when the page interleave
     breaks the balance rule; the ratios are the busiest rank's over the mean."""
-    load = page_interleave_load(batch)
+    load = batch.owner_load
     if page_interleave_fits(load):
         return []
     values = (

@@ -27,7 +27,6 @@ from cpkv_core.planning import (
     owner_of_loc,
     owner_of_page,
     page_interleave_fits,
-    page_interleave_load,
     pages_for_trace,
     split_load,
 )
@@ -156,6 +155,8 @@ def test_loads_equal_the_per_token_sums_for_every_split(
                 strategy, batch.extend_lens, batch.prefix_lens, tables_np(batch), cp_size, ps
             )
             assert load == RankLoad(tuple(tokens), tuple(work)), strategy
+            if strategy is SplitStrategy.PAGE_INTERLEAVED:
+                assert batch.owner_load == load
 
 
 def tables_np(batch: ScheduledBatch) -> list[np.ndarray]:
@@ -195,7 +196,7 @@ def test_batch_dealt_pages_cycle_over_owners_across_the_batch() -> None:
     owners = [owner_of_page(r.page_table, 4).tolist() for r in scheduled.requests]
     assert owners == [[0, 1, 2], [3, 0], [1]]
     # NOTE: a's pages hold 4, 4, 1 tokens; b's 4, 4; c's 1.
-    assert page_interleave_load(scheduled).tokens == (8, 5, 1, 4)
+    assert scheduled.owner_load.tokens == (8, 5, 1, 4)
 
 
 def test_balance_rule_falls_back_on_an_idle_rank_and_beyond_the_bound() -> None:

@@ -9,8 +9,8 @@ from cpkv_core.planning.allocator import OutOfPagesError, PageAllocator, PageTab
 from cpkv_core.planning.balance import (
     PAGE_INTERLEAVE_MAX_IMBALANCE,
     RankLoad,
+    owner_load,
     page_interleave_fits,
-    page_interleave_load,
     split_load,
 )
 from cpkv_core.planning.batch import BatchSpec, RequestSpec
@@ -71,10 +71,10 @@ __all__ = [
     "compute_owner_of_pages",
     "is_short_page_count",
     "local_page",
+    "owner_load",
     "owner_of_loc",
     "owner_of_page",
     "page_interleave_fits",
-    "page_interleave_load",
     "pages_for_trace",
     "physical_loc",
     "request_pages",

@@ -21,15 +21,15 @@ import numpy as np
 import numpy.typing as npt
 
 from cpkv_core.planning.execution import SplitStrategy
+from cpkv_core.planning.ownership import owner_of_page
 from cpkv_core.planning.page_runs import current_page_runs, flatten_tables
-from cpkv_core.planning.scheduler import ScheduledBatch
 from cpkv_core.planning.segments import SplitSegments, build_segments
 
 __all__ = [
     "PAGE_INTERLEAVE_MAX_IMBALANCE",
     "RankLoad",
+    "owner_load",
     "page_interleave_fits",
-    "page_interleave_load",
     "rank_load",
     "split_load",
 ]
@@ -90,6 +90,7 @@ def _strided_loads(
 
 
 def _by_rank(ranks: IntArray, values: IntArray, cp_size: int) -> IntArray:
+    """Sum of ``values`` per rank, ``[cp_size]``, exact in int64."""
     total = np.zeros(cp_size, np.int64)
     np.add.at(total, ranks, values)
     return total
@@ -149,15 +150,23 @@ the trace within 1.16 of the mean on every preset, where the page interleave on 
 reaches 1.83 (docs/phases/p4-page-aligned-split.md)."""
 
 
-def page_interleave_load(batch: ScheduledBatch) -> RankLoad:
-    """The per-rank load of ``batch`` under the page-interleaved split."""
-    return split_load(
-        SplitStrategy.PAGE_INTERLEAVED,
-        batch.extend_lens,
-        batch.prefix_lens,
-        [r.page_table for r in batch.requests],
-        batch.cp_size,
-        batch.page_size,
+def owner_load(
+    extend_lens: Sequence[int],
+    prefix_lens: Sequence[int],
+    page_tables: Sequence[IntArray],
+    cp_size: int,
+    page_size: int,
+) -> RankLoad:
+    """Each rank's load when every current page is computed by its owner: the load of the
+    page-interleaved split. The scheduler records it on every ``ScheduledBatch``, so the
+    gate's balance rule reads a field; it goes straight from the page runs (no segments,
+    no request lookup), equal to ``split_load(PAGE_INTERLEAVED, ...)``."""
+    runs = current_page_runs(extend_lens, prefix_lens, *flatten_tables(page_tables), page_size)
+    ranks = owner_of_page(runs.page, cp_size)
+    work = _progression_work(runs.position0, runs.count, np.ones_like(runs.count))
+    return RankLoad(
+        tuple(int(n) for n in _by_rank(ranks, runs.count, cp_size)),
+        tuple(int(n) for n in _by_rank(ranks, work, cp_size)),
     )
 
 

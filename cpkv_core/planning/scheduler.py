@@ -17,6 +17,7 @@ from enum import StrEnum
 import numpy as np
 
 from cpkv_core.planning.allocator import AllocatorState, PageAllocator, PageTable, ceil_div
+from cpkv_core.planning.balance import RankLoad, owner_load
 from cpkv_core.planning.batch import BatchSpec, RequestSpec
 from cpkv_core.planning.ownership import owner_of_page
 from cpkv_core.planning.rules import batch_problem
@@ -110,6 +111,9 @@ class ScheduledBatch:
     prefix_lens: tuple[int, ...]
     current_pages: tuple[int, ...]
     """Pages each request's current tokens touch (a partial first or last page counts)."""
+    owner_load: RankLoad
+    """Each rank's current tokens and causal work if every current page is computed by its
+    owner: the load of the page-interleaved split (``balance.owner_load``)."""
 
     @property
     def num_tokens(self) -> int:
@@ -235,6 +239,13 @@ class Scheduler:
             current_pages=tuple(
                 ceil_div(p + e, self.page_size) - p // self.page_size
                 for p, e in zip(prefix_lens, extend_lens, strict=True)
+            ),
+            owner_load=owner_load(
+                extend_lens,
+                prefix_lens,
+                [r.page_table for r in requests],
+                self.cp_size,
+                self.page_size,
             ),
         )
 
