@@ -51,7 +51,8 @@ class FlagSet(BaseModel):
     enable_nsa_prefill_cp_current_reuse: bool = False
     """Phase 3 (needs 2): current-only batches read the gathered chunk instead of materializing."""
     enable_nsa_prefill_cp_page_aligned_split: bool = False
-    """Phase 4 (needs 2): cut the zigzag split at page boundaries; in-seq-split only."""
+    """Phase 4 (needs 2): one compute owner per page: the zigzag cut at page boundaries
+    (in-seq-split) or a page interleave, page p to its owner p % cp (round-robin-split)."""
     enable_nsa_prefill_cp_compute_owner_write: bool = False
     """Phase 5 (needs 4): each rank writes the KV it computed straight into its own pool."""
     materialize: MaterializeMode = MaterializeMode.GATHER

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cpkv_core.config import DeploymentConfig
+from cpkv_core.config import CpMode, DeploymentConfig
 from cpkv_core.planning import ExecutionPlan, OwnerPolicy, ScheduledBatch
 from phases.base import Phase, check_startup
 from phases.cp_off import cp_off_reason
@@ -121,12 +121,18 @@ class Gate:
         return plan
 
     def owner_policy(self) -> OwnerPolicy:
-        """How the scheduler should allocate the next batch: by compute owner when phase 5
-        could be active for it (nothing but the batch itself stands in its way)."""
-        chain = (PhaseId.COMPUTE_OWNER_WRITE, PhaseId.PAGE_ALIGNED_SPLIT, PhaseId.SHARDED_KV)
-        if all(pid in self.registry and not self._static[pid] for pid in chain):
-            return OwnerPolicy.COMPUTE_OWNER
-        return OwnerPolicy.DEALT
+        """How the scheduler should allocate the next batch when nothing but the batch itself
+        stands in the way of the phases that care. In-seq: by compute owner when phase 5
+        could be active. Round-robin: the page interleave computes each page on its owner
+        whatever the allocation, so pages are dealt across the batch (``BATCH_DEALT``) when
+        phase 4 could be active, which balances that split."""
+        chain = [PhaseId.PAGE_ALIGNED_SPLIT, PhaseId.SHARDED_KV]
+        interleave = self.deploy.cp_mode is CpMode.ROUND_ROBIN_SPLIT
+        if not interleave:
+            chain.append(PhaseId.COMPUTE_OWNER_WRITE)
+        if not all(pid in self.registry and not self._static[pid] for pid in chain):
+            return OwnerPolicy.DEALT
+        return OwnerPolicy.BATCH_DEALT if interleave else OwnerPolicy.COMPUTE_OWNER
 
     def kill(self, phase: PhaseId, values: tuple[tuple[str, ReasonValue], ...]) -> None:
         """Trips ``phase``'s kill switch: it is inactive for every later batch, with a

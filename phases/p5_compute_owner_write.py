@@ -6,11 +6,16 @@ every rank writes the latent KV and index K/scale it computed straight into its 
 current chunk is all-gathered only when a read needs it (current reuse); history batches
 materialize every page, the current ones included, from their owners.
 
-A batch falls back to phase 4's gathered, owner-filtered write when its split is not
-page-aligned (``NOT_PAGE_ALIGNED``), when a page it writes is owned by another rank than its
-compute owner (``OWNER_MISMATCH``: the classic case is a chunk resuming mid-page in a page
-an earlier chunk left on another rank), or when its pages were dealt
+In ``in-seq-split`` a batch falls back to phase 4's gathered, owner-filtered write when its
+split is not page-aligned (``NOT_PAGE_ALIGNED``), when a page it writes is owned by another
+rank than its compute owner (``OWNER_MISMATCH``: the classic case is a chunk resuming
+mid-page in a page an earlier chunk left on another rank), or when its pages were dealt
 (``NOT_OWNER_ALLOCATED``: compute-owner allocation was off when it was scheduled).
+
+In ``round-robin-split`` phase 4's page interleave computes every page on its owner, whoever
+placed it, so the direct write applies to every batch that takes it, chunks resuming
+mid-page included: phase 5 adds no batch condition there (a batch that keeps the token
+interleave shows ``NEEDS_INACTIVE phase=4``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from cpkv_core.config import DeploymentConfig
+from cpkv_core.config import CpMode, DeploymentConfig
 from cpkv_core.planning import (
     NO_OWNER,
     ExecutionPlan,
@@ -34,7 +39,7 @@ from phases.reasons import Reason, ReasonCode
 
 
 class ComputeOwnerWriteStartup(StartupContract):
-    """Direct writes add no start-up condition to phase 4's (in-seq split, sharded KV)."""
+    """Direct writes add no start-up condition to phase 4's and phase 2's, in either mode."""
 
 
 def _owner_mismatch(req: ScheduledRequest, batch: ScheduledBatch) -> Reason | None:
@@ -69,8 +74,11 @@ class ComputeOwnerWrite:
     summary: str = "each rank writes the KV it computed into its own pool, no gather"
 
     def check_batch(self, batch: ScheduledBatch, deploy: DeploymentConfig) -> list[Reason]:
-        """Refuses batches that are not page-aligned, write a foreign page, or were dealt."""
-        if batch.on_compute_owners:
+        """In-seq: refuses batches that are not page-aligned, write a foreign page, or were
+        dealt. Round-robin: nothing to refuse beyond phase 4's split."""
+        # NOTE: the page interleave puts each page's tokens on the page's owner: compute
+        # owner = storage owner for every page the batch writes, by construction.
+        if deploy.cp_mode is CpMode.ROUND_ROBIN_SPLIT or batch.on_compute_owners:
             return []
         need = 2 * batch.cp_size
         reasons: list[Reason] = []

@@ -26,7 +26,10 @@ class ReasonCode(StrEnum):
     HAS_HISTORY = "HAS_HISTORY"
     """Phase 3: a request already has KV in the cache."""
     SHORT_REQUEST = "SHORT_REQUEST"
-    """Phase 4: a request spans fewer than 2*cp_size pages."""
+    """Phase 4 (in-seq-split): a request spans fewer than 2*cp_size pages."""
+    UNBALANCED = "UNBALANCED"
+    """Phase 4 (round-robin-split): the page interleave would leave a rank idle or load the
+    busiest rank beyond the balance bound, so the batch keeps the token interleave."""
     NOT_PAGE_ALIGNED = "NOT_PAGE_ALIGNED"
     """Phase 5: the batch's split is not page-aligned."""
     UNAVAILABLE = "UNAVAILABLE"

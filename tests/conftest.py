@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, SplitGate, model_preset
+from cpkv_core.planning import BatchSpec, RequestSpec
 from cpkv_core.traces.trace import Trace, load_trace
 
 DATA = Path(__file__).parent / "data"
@@ -84,3 +85,20 @@ def load_unsafely(how: str, payload: bytes) -> None:
         else torch.load(io.BytesIO(payload), weights_only=False)
     )
     loaded.close()
+
+
+def interleave_trace(cp_size: int, page_size: int, pages_per_rank: int) -> tuple[BatchSpec, ...]:
+    """Four batches sized in units of ``cp_size`` pages, for the page-interleaved split:
+    ``a`` ends mid-page and resumes there twice, ``c`` hits ``b``'s first pages, and batch 2
+    has three tokens (idle ranks: the split falls back)."""
+    unit = cp_size * page_size
+    a0, a1 = pages_per_rank * unit + page_size // 2 + 1, pages_per_rank * unit + 1
+    return (
+        BatchSpec(0, (RequestSpec("a", 0, a0), RequestSpec("b", 0, unit + 1))),
+        BatchSpec(1, (RequestSpec("a", a0, a1), RequestSpec("c", unit, unit + 3, "b"))),
+        BatchSpec(2, (RequestSpec("a", a0 + a1, 2), RequestSpec("d", 0, 1))),
+        BatchSpec(
+            3,
+            (RequestSpec("d", 1, pages_per_rank * unit), RequestSpec("a", a0 + a1 + 2, unit + 2)),
+        ),
+    )

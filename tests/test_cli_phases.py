@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -217,6 +218,33 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
             assert 0 < row["save_over_step"] < 1
     assert isinstance(rollback["save_over_step"], float) and rollback["save_over_step"] > 0
     assert rollback["saved_bytes_per_batch"] > 0
+    assert_balance_and_round_robin_write_path(doc)
+
+
+def assert_balance_and_round_robin_write_path(doc: dict[str, Any]) -> None:
+    """Every preset, size and CP size has every split, each dealing the same tokens; token
+    interleave is balanced; round-robin's phase-5 batches gather nothing for the write."""
+    splits = doc["balance"]["splits"]
+    keys = {(r["size"], r["preset"], r["cp_size"]) for r in splits}
+    assert keys == {
+        (size, preset, cp)
+        for size in ("small", "full")
+        for preset in ("chat", "long-doc", "agent")
+        for cp in (2, 4, 8)
+    }
+    names = {"round-robin", "page-interleaved", "page-interleaved+rule", "zigzag"}
+    assert {r["split"] for r in splits} == names | {"page-aligned-zigzag+rule"}
+    for key in keys:
+        rows = {r["split"]: r for r in splits if (r["size"], r["preset"], r["cp_size"]) == key}
+        assert len({sum(r["tokens_by_rank"]) for r in rows.values()}) == 1
+        assert len({sum(r["work_by_rank"]) for r in rows.values()}) == 1
+        assert rows["round-robin"]["work_max_over_mean"] < 1.05
+        rule = rows["page-interleaved+rule"]
+        assert 0 <= rule["applied"] <= rule["batches"] == rows["round-robin"]["batches"]
+    rr = doc["write_path_round_robin"]["rows"]
+    direct = [r for r in rr if r["level"] == 5 and r["phase"] == 5]
+    assert direct and all(r["write_path_bytes"] == 0 for r in direct)
+    assert any(r["write_path_bytes"] > 0 for r in rr if r["level"] == 4)
 
 
 def test_explain_chooses_phase_5_for_long_requests_and_explains_the_rest() -> None:

@@ -63,15 +63,11 @@ def test_enable_with_needs_turns_on_the_whole_closure(config: Path) -> None:
     assert enabled(config) == {2, 4, 5}
 
 
-def test_enable_refuses_page_aligned_split_with_round_robin(config: Path) -> None:
+def test_enable_allows_compute_owner_write_with_round_robin(config: Path) -> None:
     config.write_text(CP_ON + "nsa-prefill-cp-mode = 'round-robin-split'\n")
-    before = config.read_bytes()
-    change = enable(config, PhaseId.PAGE_ALIGNED_SPLIT, with_needs=True)
-    assert change.reasons == (
-        "STARTUP_CONTRACT phase=4 nsa_prefill_cp_mode=round-robin-split needs in-seq-split "
-        "(zigzag): round-robin has no segments to align",
-    )
-    assert config.read_bytes() == before
+    change = enable(config, PhaseId.COMPUTE_OWNER_WRITE, with_needs=True)
+    assert change.applied and change.reasons == ()
+    assert enabled(config) == {2, 4, 5}
 
 
 def test_enable_refuses_while_cp_is_off_with_every_reason(tmp_path: Path) -> None:

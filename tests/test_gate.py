@@ -177,8 +177,16 @@ def test_a_tripped_kill_switch_acts_on_the_next_batch() -> None:
 def test_owner_policy_follows_what_could_take_phase_5() -> None:
     assert Gate(frozenset(PhaseId), DEPLOY).owner_policy() is OwnerPolicy.COMPUTE_OWNER
     assert Gate(frozenset(PhaseId), DEPLOY, ceiling=4).owner_policy() is OwnerPolicy.DEALT
+
+
+def test_owner_policy_deals_the_batch_while_page_interleave_could_take_it() -> None:
+    """Round-robin: the page interleave computes each page on its owner whatever the
+    allocation, so phase 4 (not 5) decides, and the batch's pages are dealt in one cycle."""
     round_robin = DeploymentConfig(cp_size=4, page_size=4, cp_mode=CpMode.ROUND_ROBIN_SPLIT)
-    assert Gate(frozenset(PhaseId), round_robin).owner_policy() is OwnerPolicy.DEALT
+    assert Gate(frozenset(PhaseId), round_robin).owner_policy() is OwnerPolicy.BATCH_DEALT
+    up_to_4 = frozenset(PhaseId) - {PhaseId.COMPUTE_OWNER_WRITE}
+    assert Gate(up_to_4, round_robin).owner_policy() is OwnerPolicy.BATCH_DEALT
+    assert Gate(frozenset(PhaseId), round_robin, ceiling=3).owner_policy() is OwnerPolicy.DEALT
 
 
 def test_phase_5_names_a_batch_whose_pages_were_dealt() -> None:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv.run.pd import PdJob, run_pd
-from cpkv_core.config import model_preset
+from cpkv_core.config import CpMode, model_preset
 from cpkv_core.pd.decode import DecodeServer
 from cpkv_core.pd.pack import pack_rows
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece
@@ -22,6 +22,7 @@ from cpkv_core.pd.receive import tiling_error, unpack_pieces
 from cpkv_core.pd.target import MIN_WRITE_BYTES, STAGING_BYTES, PdFaults
 from cpkv_core.pd.transport import TransferError, Write
 from cpkv_core.pd.writer import Outgoing, PieceWriter
+from cpkv_core.planning import SplitStrategy
 from cpkv_core.planning.pd_pack import (
     completed_pages,
     rank_pieces,
@@ -45,8 +46,9 @@ def pd_job(
     staging_bytes: int = STAGING_BYTES,
     min_write_bytes: int = MIN_WRITE_BYTES,
     overlap: bool = True,
+    cp_mode: CpMode = CpMode.IN_SEQ_SPLIT,
 ) -> PdJob:
-    deploy = make_deploy(cp_size, page_size)
+    deploy = make_deploy(cp_size, page_size, cp_mode)
     batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
     return PdJob(
         deploy,
@@ -188,7 +190,8 @@ def test_overlapping_pieces_do_not_tile_the_slab() -> None:
 
 @pytest.mark.gloo
 def test_decode_rebuilds_every_level_byte_for_byte() -> None:
-    """Levels 0, 2, 3 (mixed trace) and 4, 5 (long requests) at cp_size 1, 2 and 4: one
+    """Levels 0, 2, 3 (mixed trace) and 4, 5 (long requests) at cp_size 1, 2 and 4, and
+    level 5 under round-robin (the page interleave) at cp_size 2: one
     4-rank prefill spawn, one decode process. cp 1 writes after every batch (on the mixed
     trace synchronously, overlap off: the rank's wait is all its send time); cp 2 too, with
     a staging buffer of one page (every page a piece of its own); cp 4 queues up to the
@@ -202,7 +205,13 @@ def test_decode_rebuilds_every_level_byte_for_byte() -> None:
             pd_job("mixed", cp_size, (0, 2, 3), 4, staging, min_write, overlap=cp_size != 1),
             pd_job("long", cp_size, (4, 5), 4, staging, min_write),
         ]
+    # NOTE: round-robin's level 5 (page interleave, direct writes) on the same spawn.
+    jobs.append(pd_job("long", 2, (5,), 4, cp_mode=CpMode.ROUND_ROBIN_SPLIT))
     reports, runs = run_pd(TINY, jobs)
+    interleaved = runs[-1][0].steps
+    assert {s.decision.plan.split for s in interleaved if s.decision.phase == 5} == {
+        SplitStrategy.PAGE_INTERLEAVED
+    }
     for job, job_runs in zip(jobs, runs, strict=True):
         for run in job_runs:
             for stats in run.pd_stats:
@@ -234,7 +243,7 @@ def test_decode_rebuilds_every_level_byte_for_byte() -> None:
     # cp_size 4: each rank sends about a quarter, the pages it owns. Dealt pages (levels
     # 0-4) balance within one page per request; compute-owner pages (level 5) within two
     # pages per chunk, since page-aligned blocks differ by one page.
-    for job, report in zip(jobs[-2:], reports[-2:], strict=True):
+    for job, report in zip(jobs[4:6], reports[4:6], strict=True):
         for result in report.requests:
             chunks = sum(r.rid == result.rid for b in job.batches for r in b.requests)
             slack = 2 * chunks if result.level == 5 else 1

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv_core.planning import SplitStrategy
+from cpkv_core.planning import (
+    BatchSpec,
+    OwnerPolicy,
+    RequestSpec,
+    Scheduler,
+    SplitStrategy,
+    pages_for_trace,
+)
+from cpkv_core.planning.page_runs import current_page_runs, flatten_tables
 from cpkv_core.planning.segments import SplitSegments, build_segments
 from cpkv_core.planning.split import (
     SplitMetadata,
@@ -17,6 +26,7 @@ from cpkv_core.planning.split_page_aligned import (
     build_page_aligned_zigzag_split,
     is_short_request,
 )
+from cpkv_core.planning.split_page_interleaved import build_page_interleaved_split
 
 
 def tokens_of_rank(segs: SplitSegments, rank: int) -> list[int]:
@@ -79,3 +89,42 @@ def test_page_aligned_segments_equal_the_oracle(
     oracle = build_page_aligned_zigzag_split(extend, prefix, cp_size, page_size)
     assert_same_split(segs, oracle)
     assert segs.page_aligned
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    chunks=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=3),
+    cp_size=st.integers(1, 5),
+    page_size=st.sampled_from([1, 2, 4, 8]),
+    policy=st.sampled_from(list(OwnerPolicy)),
+)
+def test_page_interleaved_segments_equal_the_oracle(
+    chunks: list[tuple[int, int]], cp_size: int, page_size: int, policy: OwnerPolicy
+) -> None:
+    """Two requests chunked alike: every chunk after the first resumes where the last
+    stopped, mid-page when the lengths are off the page grid."""
+    held = {"a": 0, "b": 0}
+    batches = []
+    for index, lengths in enumerate(chunks):
+        pairs = list(zip("ab", lengths, strict=True))
+        batches.append(BatchSpec(index, tuple(RequestSpec(r, held[r], n) for r, n in pairs)))
+        held = {r: held[r] + n for r, n in pairs}
+    scheduler = Scheduler(pages_for_trace(batches, page_size, cp_size), page_size, cp_size)
+    for batch in batches:
+        s = scheduler.schedule(batch, policy)
+        tables = [r.page_table for r in s.requests]
+        flat, table_cu = flatten_tables(tables)
+        runs = current_page_runs(s.extend_lens, s.prefix_lens, flat, table_cu, page_size)
+        segs = build_segments(
+            SplitStrategy.PAGE_INTERLEAVED, s.extend_lens, s.prefix_lens, cp_size, page_size, runs
+        )
+        oracle = build_page_interleaved_split(
+            s.extend_lens, s.prefix_lens, tables, cp_size, page_size
+        )
+        assert_same_split(segs, oracle)
+        assert segs.page_aligned
+
+
+def test_page_interleaved_segments_need_the_page_runs() -> None:
+    with pytest.raises(ValueError, match="pass page_runs"):
+        build_segments(SplitStrategy.PAGE_INTERLEAVED, [4], [0], 2, 4)

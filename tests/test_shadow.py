@@ -21,12 +21,13 @@ from cpkv.run.loop import sampled
 from cpkv.run.pd_check import PdReport
 from cpkv.run.shadow import FAULT_POINTS, parse_fault, summarize
 from cpkv.run.verify import VerifyReport, shadow_summary, verify_levels
-from cpkv_core.config import model_preset
+from cpkv_core.config import CpMode, model_preset
+from cpkv_core.planning import SplitStrategy
 from cpkv_core.runtime import FAULT_KINDS, Fault
 from cpkv_core.traces import load_trace
 from phases import BatchPlan, PhaseId, levels_of
 from phases.registry import REGISTERED_PHASES
-from tests.conftest import DATA, make_deploy
+from tests.conftest import DATA, interleave_trace, make_deploy
 
 TINY = model_preset("tiny")
 ALL = frozenset(REGISTERED_PHASES)
@@ -123,6 +124,36 @@ def test_injected_fault_is_caught_killed_and_never_delivered(phase: int, kind: s
         assert any(
             str(r).startswith(f"KILLED batch={kill.batch} max_diff=") for r in decision.reasons
         ), decision
+
+
+@pytest.mark.parametrize("fault_text", ["4:row", "5:drop", "5:row", "5:owner"])
+def test_fault_in_the_page_interleave_is_caught_killed_and_never_delivered(
+    fault_text: str,
+) -> None:
+    """Round-robin: phase 4's page interleave and phase 5's direct write under it."""
+    fault = parse_fault(fault_text)
+    assert fault is not None
+    phase = int(fault_text[0])
+    deploy = make_deploy(2, 4, CpMode.ROUND_ROBIN_SPLIT)
+    batches = interleave_trace(2, 4, 3)
+
+    def run(rate: float) -> VerifyReport:
+        return verify_levels(
+            TINY, deploy, batches, (phase,), ALL, Backend.LOCAL, shadow_rate=rate, fault=fault
+        )
+
+    assert not run(0.0).ok, "the fault must corrupt outputs when nothing guards them"
+    report = run(1.0)
+    assert report.ok, "a caught fault delivers the fallback's (correct) outputs"
+    summary = shadow_summary(report)
+    assert summary.fault_caught and summary.wrong_outputs_delivered == 0
+    kill = next(k for k in summary.kills if k.phase == phase)
+    rows = report.levels[0].rows
+    assert rows[kill.batch].batch_plan.plan.split is SplitStrategy.PAGE_INTERLEAVED
+    later = [r for r in rows if r.batch > kill.batch]
+    assert later, "the trace must have batches after the kill"
+    for row in later:
+        assert not row.batch_plan.decisions[phase - 1].active
 
 
 def test_phase_4_fault_at_level_5_is_caught_with_no_wrong_output() -> None:

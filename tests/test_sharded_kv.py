@@ -42,7 +42,7 @@ from cpkv_core.runtime.device_plan import BatchTensors, upload
 from cpkv_core.traces import load_trace
 from phases import level_enabled, levels_of
 from phases.registry import REGISTERED_PHASES
-from tests.conftest import DATA, make_deploy, mixed_trace
+from tests.conftest import DATA, interleave_trace, make_deploy, mixed_trace
 
 TINY = model_preset("tiny")
 ALL = frozenset(REGISTERED_PHASES)
@@ -271,7 +271,8 @@ def test_engine_refuses_a_plan_for_another_layout() -> None:
 @pytest.mark.gloo
 def test_every_level_matches_reference_on_real_gloo_ranks() -> None:
     """One 4-rank spawn, smaller CP sizes on subgroups: both splits, three page sizes, long
-    requests that take phases 4 and 5, and CP minimums that leave some batches unsplit."""
+    requests that take phases 4 and 5 (the page interleave under round-robin), and CP
+    minimums that leave some batches unsplit."""
     configs = [
         ("mixed", 4, 16, CpMode.IN_SEQ_SPLIT, 0),
         ("mixed", 4, 4, CpMode.ROUND_ROBIN_SPLIT, 0),
@@ -280,6 +281,7 @@ def test_every_level_matches_reference_on_real_gloo_ranks() -> None:
         ("long", 2, 4, CpMode.IN_SEQ_SPLIT, 0),
         ("long", 4, 16, CpMode.IN_SEQ_SPLIT, 280),
         ("mixed", 3, 4, CpMode.ROUND_ROBIN_SPLIT, 30),
+        ("interleave", 3, 4, CpMode.ROUND_ROBIN_SPLIT, 0),
     ]
     jobs, names = [], []
     for trace, cp_size, page_size, cp_mode, cp_min_tokens in configs:
@@ -287,17 +289,22 @@ def test_every_level_matches_reference_on_real_gloo_ranks() -> None:
         deploy = make_deploy(cp_size, page_size, cp_mode).model_copy(
             update={"cp_min_tokens": cp_min_tokens}
         )
-        batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
+        levels = levels_of(ALL)
+        if trace == "interleave":
+            # NOTE: levels 0-3 of round-robin run in the mixed cases above.
+            batches, levels = interleave_trace(cp_size, page_size, 3), (4, 5)
+        else:
+            batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
         num_pages = pages_for_trace(batches, page_size, cp_size)
-        jobs.append(RankJob(TINY, deploy, batches, levels_of(ALL), num_pages))
+        jobs.append(RankJob(TINY, deploy, batches, levels, num_pages))
     for name, job, runs in zip(names, jobs, run_jobs_on_gloo(jobs), strict=True):
         reference = run_reference(TINY, job, [s.scheduled for s in runs[0].steps])
-        assert len(runs) == len(levels_of(ALL))
+        assert len(runs) == len(job.levels)
         for run in runs:
             for ref, got in zip(reference, run.outputs, strict=True):
                 cmp = compare_batch(ref, got)
                 assert cmp.topk_equal and cmp.max_abs_diff == 0.0, (job.deploy, cmp)
-        if name == "long":
+        if name in ("long", "interleave"):
             assert 5 in {s.decision.phase for s in runs[-1].steps}, job.deploy
         if job.deploy.cp_min_tokens:
             unsplit = {s.decision.cp_off is not None for s in runs[-1].steps}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cpkv.bench.balance import BalanceFigure
 from cpkv.bench.bytes import BatchBytes, WritePathBytes
 from cpkv.bench.cp_off import (
     CpOffFigure,
@@ -38,6 +39,7 @@ class BenchReport:
     peer_read: list[PeerReadBatch]
     overlap: OverlapFigure
     rollback: RollbackFigure
+    balance: BalanceFigure
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of ``cpkv bench --json``."""
@@ -82,4 +84,5 @@ class BenchReport:
             },
             "overlap": self.overlap.to_json(),
             "rollback": self.rollback.to_json(),
+            **self.balance.to_json(),
         }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from cpkv.bench.balance import balance_figure
 from cpkv.bench.bytes import bytes_by_batch, write_path_bytes
 from cpkv.bench.cp_off import (
     CpOffFigure,
@@ -86,6 +87,7 @@ def run_bench(
     off_times = cp_off_times(off_jobs, group_runs[1:off_end])
     view_runs = [job_runs[0] for job_runs in group_runs[off_end:]]
     page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, deploy.page_size)
+    balance = balance_figure(model, deploy, batches, device, step)
     step(f"PD: {deploy.cp_size} prefill ranks -> decode over Mooncake loopback")
     pd = bench_pd(model, deploy, batches, (0, 2, 5))
     return BenchReport(
@@ -106,4 +108,5 @@ def run_bench(
         peer_read=peer_read_figure(model, view_runs, deploy),
         overlap=overlap_figure(view_runs, deploy.cp_size),
         rollback=rollback,
+        balance=balance,
     )

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cpkv.bench.report import BenchReport
+from cpkv.render.balance import render_balance
 from cpkv.render.cells import figure_table, human_bytes
 from cpkv.render.cp_off import render_cp_off
 from cpkv.render.peer_read import render_overlap, render_peer_read
@@ -107,6 +108,7 @@ def render_bench(console: Console, report: BenchReport) -> None:
     render_peer_read(console, report.peer_read, report.step_time_cp_size)
     render_overlap(console, report.overlap)
     render_rollback(console, report.rollback)
+    render_balance(console, report.balance)
     pd = figure_table(
         f"PD: bytes each prefill rank sent for the trace (Mooncake, loopback; "
         f"{report.pd.model}, {report.pd.row_bytes_per_token} B per token)",

@@ -27,6 +27,7 @@ from phases.gate import BatchPlan
 
 PLAN_WORDS: dict[str, str] = {
     "page-aligned-zigzag": "aligned",
+    "page-interleaved": "page-rr",
     "owner-filtered": "filtered",
     "compute-owner-direct": "direct",
     "local-pool": "local",

@@ -1,11 +1,18 @@
 """Host planning, torch-free: the scheduler (entry point ``Scheduler``) and the host plan.
 
 Batches, chunk and prefix rules, page ownership, the allocator, splits (per token as the
-oracle, per segment in numpy), remaps and ``build_host_plan``: integer math on the host,
-O(pages + requests) per batch.
+oracle, per segment in numpy) and their per-rank balance, remaps and ``build_host_plan``:
+integer math on the host, O(pages + requests) per batch.
 """
 
 from cpkv_core.planning.allocator import OutOfPagesError, PageAllocator, PageTable
+from cpkv_core.planning.balance import (
+    PAGE_INTERLEAVE_MAX_IMBALANCE,
+    RankLoad,
+    owner_load,
+    page_interleave_fits,
+    split_load,
+)
 from cpkv_core.planning.batch import BatchSpec, RequestSpec
 from cpkv_core.planning.execution import (
     ExecutionPlan,
@@ -37,6 +44,7 @@ from cpkv_core.planning.tokens import rid_key, token_ids
 
 __all__ = [
     "NO_OWNER",
+    "PAGE_INTERLEAVE_MAX_IMBALANCE",
     "AttendedRequest",
     "BatchSpec",
     "ExecutionPlan",
@@ -50,6 +58,7 @@ __all__ = [
     "OwnerPolicy",
     "PageAllocator",
     "PageTable",
+    "RankLoad",
     "RequestSpec",
     "ScheduleError",
     "ScheduledBatch",
@@ -62,13 +71,16 @@ __all__ = [
     "compute_owner_of_pages",
     "is_short_page_count",
     "local_page",
+    "owner_load",
     "owner_of_loc",
     "owner_of_page",
+    "page_interleave_fits",
     "pages_for_trace",
     "physical_loc",
     "request_pages",
     "rid_key",
     "slot_view_plan",
+    "split_load",
     "token_ids",
     "unique_view_plan",
 ]

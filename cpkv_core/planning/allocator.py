@@ -103,6 +103,10 @@ class PageAllocator:
         """Pages not held by any request."""
         return sum(len(free) for free in self._free)
 
+    def free_pages_by_owner(self) -> list[int]:
+        """Free pages per owner."""
+        return [len(free) for free in self._free]
+
     @property
     def num_pages_in_use(self) -> int:
         """Pages held by at least one request."""

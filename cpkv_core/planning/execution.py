@@ -22,6 +22,9 @@ class SplitStrategy(StrEnum):
     """Token g of the batch to rank g % cp_size."""
     PAGE_ALIGNED_ZIGZAG = "page-aligned-zigzag"
     """Zigzag cut at logical page boundaries: every current page has one compute owner."""
+    PAGE_INTERLEAVED = "page-interleaved"
+    """Round-robin by logical page: page ``p``'s current tokens to rank ``p % cp_size``, its
+    storage owner, so every current page has one compute owner, its owner."""
     NONE = "none"
     """No split: every rank computes every token (replicated compute, as if CP were off)."""
 

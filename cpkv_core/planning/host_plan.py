@@ -21,12 +21,13 @@ import numpy.typing as npt
 
 from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy, KvWriteStrategy
 from cpkv_core.planning.ownership import local_page
+from cpkv_core.planning.page_runs import current_page_runs, flatten_tables
 from cpkv_core.planning.peer_view import PeerViewPlan, history_entries, peer_view_plan
 from cpkv_core.planning.remap import ViewPlan, slot_view_plan, unique_view_plan
 from cpkv_core.planning.scheduler import ScheduledBatch
 from cpkv_core.planning.segments import SplitSegments, build_segments
 from cpkv_core.planning.sglang_cp import gather_rows_per_rank
-from cpkv_core.planning.write_runs import current_pages, write_runs
+from cpkv_core.planning.write_runs import write_runs
 
 __all__ = ["AttendedRequest", "HostPlan", "KeySource", "build_host_plan"]
 
@@ -235,10 +236,11 @@ def build_host_plan(
     extend = np.asarray(batch.extend_lens, np.int64)
     prefix = np.asarray(batch.prefix_lens, np.int64)
     cu_extend = np.concatenate([[0], np.cumsum(extend)]).astype(np.int64)
-    tables = [r.page_table for r in batch.requests]
-    flat = np.concatenate(tables) if tables else np.empty(0, np.int64)
-    table_cu = np.concatenate([[0], np.cumsum([len(t) for t in tables])]).astype(np.int64)
-    segs = build_segments(plan.split, batch.extend_lens, batch.prefix_lens, cp, batch.page_size)
+    flat, table_cu = flatten_tables([r.page_table for r in batch.requests])
+    runs = current_page_runs(batch.extend_lens, batch.prefix_lens, flat, table_cu, batch.page_size)
+    segs = build_segments(
+        plan.split, batch.extend_lens, batch.prefix_lens, cp, batch.page_size, runs
+    )
     num_local = segs.num_local
     lo, hi = (int(i) for i in np.searchsorted(segs.rank, [rank, rank + 1]))
     # NOTE: under the none split every rank's segment is the same; pack only this rank's.
@@ -252,7 +254,7 @@ def build_host_plan(
         for i, k0, k1 in zip(attended_index, key_cu[:-1], key_cu[1:], strict=True)
     )
     read = _read(batch, plan, rank, flat, peer_read, history_view)
-    writes = write_runs(batch, plan, rank, current_pages(batch, cu_extend, flat, table_cu), segs)
+    writes = write_runs(batch, plan, rank, runs, segs)
     last_tokens = cu_extend[1:] - 1
     last_ranks, last_rows, local_last = _last_tokens(segs, rank, last_tokens)
     buffer, fields = _pack(

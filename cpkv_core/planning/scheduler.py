@@ -17,9 +17,11 @@ from enum import StrEnum
 import numpy as np
 
 from cpkv_core.planning.allocator import AllocatorState, PageAllocator, PageTable, ceil_div
+from cpkv_core.planning.balance import owner_load
 from cpkv_core.planning.batch import BatchSpec, RequestSpec
 from cpkv_core.planning.ownership import owner_of_page
 from cpkv_core.planning.rules import batch_problem
+from cpkv_core.planning.scheduled import NO_OWNER, ScheduledBatch, ScheduledRequest
 from cpkv_core.planning.split_page_aligned import compute_owner_of_pages, short_requests
 from cpkv_core.planning.tokens import rid_key
 
@@ -34,9 +36,6 @@ __all__ = [
     "pages_for_trace",
 ]
 
-NO_OWNER = -1
-"""``resume_page_owner`` of a chunk that starts on a page boundary."""
-
 
 class OwnerPolicy(StrEnum):
     """Which owners the scheduler gives a batch's new pages."""
@@ -46,6 +45,10 @@ class OwnerPolicy(StrEnum):
     COMPUTE_OWNER = "compute-owner"
     """Each page to the rank that computes it under the page-aligned split, when the batch
     can take that split; otherwise dealt."""
+    BATCH_DEALT = "batch-dealt"
+    """The batch's new pages dealt to consecutive owners in one cycle across its requests,
+    from the owner with the most free pages: each request's pages stay interleaved, and the
+    page-interleaved split (which computes every page on its owner) balances the batch."""
 
 
 class ScheduleError(ValueError):
@@ -55,67 +58,6 @@ class ScheduleError(ValueError):
         self.batch = batch
         self.field = field
         super().__init__(f"batch {batch}: {field}: {message}")
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
-    """One request of a scheduled batch: its chunk and where its tokens live."""
-
-    rid: str
-    prefix_len: int
-    """Tokens already in the KV cache (an earlier chunk or a shared prefix)."""
-    extend_len: int
-    """Tokens computed in this batch, at positions ``[prefix_len, seq_len)``."""
-    page_table: PageTable
-    """Logical pages of positions ``[0, seq_len)``, read-only."""
-    rid_key: int
-    """Token-id key (``tokens.rid_key``): the chunk's ids are ``token_ids(rid_key, pos)``."""
-    resume_page_owner: int = NO_OWNER
-    """Owner of the partly filled page this chunk resumes in; ``NO_OWNER`` when the chunk
-    starts on a page boundary."""
-    return_logprob: bool = False
-    capture_hidden: bool = False
-
-    @property
-    def seq_len(self) -> int:
-        """Tokens of the request once this batch is done."""
-        return self.prefix_len + self.extend_len
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledBatch:
-    """One batch as the scheduler committed it: the input every consumer shares.
-
-    Invariant: ``requests[i].page_table`` holds ``ceil(seq_len / page_size)`` pages, and
-    ``on_compute_owners`` is True only if every page a request writes is owned by the rank
-    that computes it under the page-aligned split.
-    """
-
-    batch: int
-    spec: str | None
-    """Speculative algorithm (e.g. ``EAGLE``) or None."""
-    requests: tuple[ScheduledRequest, ...]
-    page_size: int
-    cp_size: int
-    """Owners of the logical page space (CP ranks)."""
-    new_pages: PageTable
-    """Pages allocated by this batch, in request and position order."""
-    on_compute_owners: bool
-    """Every page this batch writes is owned by its page-aligned compute owner."""
-    extend_lens: tuple[int, ...]
-    prefix_lens: tuple[int, ...]
-    current_pages: tuple[int, ...]
-    """Pages each request's current tokens touch (a partial first or last page counts)."""
-
-    @property
-    def num_tokens(self) -> int:
-        """Current tokens of the batch."""
-        return sum(self.extend_lens)
-
-    @property
-    def has_history(self) -> bool:
-        """True when any request already has tokens in the KV cache."""
-        return any(self.prefix_lens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +140,7 @@ class Scheduler:
             batch.batch,
             tuple((r.rid, self._pages_held(r), self._seq_lens.get(r.rid)) for r in batch.requests),
         )
-        new_pages = self._allocate_all(batch, compute_owners)
+        new_pages = self._allocate_all(batch, self._new_owners(batch, policy, compute_owners))
         self._undo = undo
         requests = tuple(
             ScheduledRequest(
@@ -231,6 +173,13 @@ class Scheduler:
             current_pages=tuple(
                 ceil_div(p + e, self.page_size) - p // self.page_size
                 for p, e in zip(prefix_lens, extend_lens, strict=True)
+            ),
+            owner_load=owner_load(
+                extend_lens,
+                prefix_lens,
+                [r.page_table for r in requests],
+                self.cp_size,
+                self.page_size,
             ),
         )
 
@@ -279,30 +228,45 @@ class Scheduler:
     ) -> tuple[tuple[int, ...], ...] | None:
         """Per request the compute owner of each current page, when ``policy`` allocates by
         compute owner and the batch can take the page-aligned split; None otherwise."""
-        if policy is OwnerPolicy.DEALT or short_requests(
+        if policy is not OwnerPolicy.COMPUTE_OWNER or short_requests(
             extend_lens, prefix_lens, self.cp_size, self.page_size
         ):
             return None
         return compute_owner_of_pages(extend_lens, prefix_lens, self.cp_size, self.page_size)
 
-    def _allocate_all(
-        self, batch: BatchSpec, compute_owners: tuple[tuple[int, ...], ...] | None
-    ) -> PageTable:
+    def _new_owners(
+        self,
+        batch: BatchSpec,
+        policy: OwnerPolicy,
+        compute_owners: tuple[tuple[int, ...], ...] | None,
+    ) -> list[Sequence[int] | None]:
+        """Per request, the owner of each page it allocates (None: dealt per request)."""
+        counts = [ceil_div(r.seq_len, self.page_size) - self._pages_kept(r) for r in batch.requests]
+        if compute_owners is not None:
+            # NOTE: a chunk resuming mid-page already holds its first page.
+            pairs = zip(compute_owners, counts, strict=True)
+            return [owners[len(owners) - n :] for owners, n in pairs]
+        if policy is not OwnerPolicy.BATCH_DEALT:
+            return [None] * len(counts)
+        free = self.allocator.free_pages_by_owner()
+        cursor = free.index(max(free))
+        owners: list[Sequence[int] | None] = []
+        for n in counts:
+            owners.append([(cursor + i) % self.cp_size for i in range(n)])
+            cursor = (cursor + n) % self.cp_size
+        return owners
+
+    def _allocate_all(self, batch: BatchSpec, new_owners: list[Sequence[int] | None]) -> PageTable:
         done: list[tuple[str, int]] = []
         new_pages = []
         try:
-            for i, req in enumerate(batch.requests):
+            for req, owners in zip(batch.requests, new_owners, strict=True):
                 held = self._pages_held(req)
                 shared = None
                 if req.prefix_from is not None:
                     source = self.allocator.page_table(req.prefix_from)
                     shared = source[: req.prefix_len // self.page_size]
                 num_pages = ceil_div(req.seq_len, self.page_size)
-                owners = None
-                if compute_owners is not None:
-                    # NOTE: a chunk resuming mid-page already holds its first page.
-                    new = num_pages - (held if shared is None else len(shared))
-                    owners = compute_owners[i][len(compute_owners[i]) - new :]
                 new_pages.append(self.allocator.allocate(req.rid, num_pages, shared, owners))
                 done.append((req.rid, held))
         except BaseException:
@@ -310,6 +274,12 @@ class Scheduler:
                 self.allocator.truncate(rid, held)
             raise
         return np.concatenate(new_pages) if new_pages else np.empty(0, np.int64)
+
+    def _pages_kept(self, req: RequestSpec) -> int:
+        """Pages ``req`` starts the batch with: its own, or a new request's shared prefix."""
+        if req.prefix_from is not None:
+            return req.prefix_len // self.page_size
+        return self._pages_held(req)
 
     def _pages_held(self, req: RequestSpec) -> int:
         return len(self.allocator.page_table(req.rid)) if req.rid in self.allocator else 0

@@ -5,8 +5,9 @@ oracle the tests hold these to). Here the same splits are built per segment with
 integer ops, O(requests * cp_size) whatever the token counts, so a host plan never loops
 over tokens. A segment is ``count`` batch tokens ``g0, g0 + stride, ...`` computed by one
 rank: zigzag blocks have stride 1, a rank's round-robin tokens one segment of stride
-``cp_size``. The ``none`` split (CP off for the batch) gives every rank one segment of every
-token.
+``cp_size``, the page-interleaved split one segment per current page (the page runs of
+``page_runs``, dealt to each page's owner). The ``none`` split (CP off for the batch) gives
+every rank one segment of every token.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from cpkv_core.planning.execution import SplitStrategy
+from cpkv_core.planning.ownership import owner_of_page
+from cpkv_core.planning.page_runs import PageRuns
 
 __all__ = ["SplitSegments", "build_segments", "zigzag_rank_of_block"]
 
@@ -145,6 +148,15 @@ def _round_robin(num_tokens: int, cp_size: int) -> SplitSegments:
     return _with_rows(cp_size, num_tokens, ranks, ranks.copy(), count, stride, None)
 
 
+def _page_interleaved(runs: PageRuns, cp_size: int, num_tokens: int) -> SplitSegments:
+    """Each page run to its page's owner: compute owner = storage owner by construction."""
+    ranks = owner_of_page(runs.page, cp_size)
+    # NOTE: the runs ascend in g; a stable sort by rank keeps them ascending per rank.
+    order = np.argsort(ranks, kind="stable")
+    g0, count = runs.g0[order], runs.count[order]
+    return _with_rows(cp_size, num_tokens, ranks[order], g0, count, np.ones_like(g0), 1)
+
+
 def _unsplit(num_tokens: int, cp_size: int) -> SplitSegments:
     ranks = np.arange(cp_size, dtype=np.int64)
     zeros = np.zeros(cp_size, np.int64)
@@ -160,13 +172,23 @@ def build_segments(
     prefix_lens: Sequence[int],
     cp_size: int,
     page_size: int,
+    page_runs: PageRuns | None = None,
 ) -> SplitSegments:
     """The split of a batch under ``strategy``, as segments.
 
     The page-aligned zigzag assumes no request is short (the gate's SHORT_REQUEST rule).
+    The page-interleaved split deals ``page_runs`` (the batch's ``current_page_runs``), so it
+    needs them; every other split ignores them.
     """
     extend = np.asarray(extend_lens, dtype=np.int64)
     prefix = np.asarray(prefix_lens, dtype=np.int64)
+    if strategy is SplitStrategy.PAGE_INTERLEAVED:
+        if page_runs is None:
+            raise ValueError(
+                "the page-interleaved split deals the batch's page runs: pass page_runs "
+                "(current_page_runs of the scheduled batch's page tables)"
+            )
+        return _page_interleaved(page_runs, cp_size, int(extend.sum()))
     if strategy is SplitStrategy.ROUND_ROBIN:
         return _round_robin(int(extend.sum()), cp_size)
     if strategy is SplitStrategy.NONE:

@@ -62,8 +62,9 @@ class SplitMetadata:
             it computes, ascending.
         segments: Per rank, its tokens as runs within requests (zigzag: the rank's two
             blocks per request, empty blocks omitted; round-robin: maximal runs).
-        page_aligned: True when every block boundary falls on a page boundary of the
-            logical position (set by the page-aligned zigzag split of a later phase).
+        page_aligned: True when every segment boundary falls on a page boundary of the
+            logical position (set by phase 4's splits: the page-aligned zigzag and the
+            page interleave).
     """
 
     cp_size: int

@@ -31,6 +31,7 @@ class FaultPoint(StrEnum):
     NARROW_OUTPUT = "narrow-output"
     CURRENT_REUSE = "current-reuse"
     PAGE_ALIGNED_SPLIT = "page-aligned-split"
+    """Either page-aligned split: the zigzag cut at page boundaries or the page interleave."""
     DIRECT_WRITE = "direct-write"
 
 
@@ -74,7 +75,8 @@ class Fault:
         return {
             FaultPoint.NARROW_OUTPUT: plan.output is OutputStrategy.NARROW_LAST_TOKEN,
             FaultPoint.CURRENT_REUSE: plan.kv_read is KvReadStrategy.CURRENT_REUSE,
-            FaultPoint.PAGE_ALIGNED_SPLIT: plan.split is SplitStrategy.PAGE_ALIGNED_ZIGZAG,
+            FaultPoint.PAGE_ALIGNED_SPLIT: plan.split
+            in (SplitStrategy.PAGE_ALIGNED_ZIGZAG, SplitStrategy.PAGE_INTERLEAVED),
             FaultPoint.DIRECT_WRITE: plan.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT,
         }[self.point]
 
