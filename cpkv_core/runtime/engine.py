@@ -12,7 +12,6 @@ no device value on the host, so it runs on CPU, CUDA and ``meta`` alike.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,12 +25,12 @@ from cpkv_core.planning import (
     HostPlan,
     KeySource,
     KvLayout,
-    OutputStrategy,
     ScheduledBatch,
     ScheduledRequest,
     build_host_plan,
     owner_of_page,
 )
+from cpkv_core.runtime.collect import COLLECTORS, all_gather_tokens, gather_current
 from cpkv_core.runtime.debug_checks import DebugChecks
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
 from cpkv_core.runtime.faults import Fault
@@ -249,7 +248,7 @@ class CPEngine:
             own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
             # NOTE: without a gather the write and the read use ``own``: a direct write's
             # rows, or under the none split the whole chunk in batch order.
-            current = self._gather_current(own, host, tensors) if needs_current else own
+            current = gather_current(self.comm, own, host, tensors) if needs_current else own
             source = own if host.write_from_local else current
             write_rows(self.pool, layer_index, source, tensors.write_source, tensors.write_dest)
             keys = self._keys(layer_index, host, tensors, current, views)
@@ -262,7 +261,7 @@ class CPEngine:
             hidden = finish_layer(layer, hidden, attn)
         if views is not None:
             self.exposed_materialize_seconds += views.exposed_seconds
-        last_hidden = COLLECTORS[host.strategies.output](self, hidden, host, tensors)
+        last_hidden = COLLECTORS[host.strategies.output](self.comm, hidden, host, tensors)
         normed, logits = lm_head(self.weights, last_hidden)
         return StepOutput(torch.stack(topk_per_layer), normed, logits)
 
@@ -314,28 +313,8 @@ class CPEngine:
     def all_gather_tokens(
         self, local: Tensor, host: HostPlan, tensors: BatchTensors, tag: str
     ) -> Tensor:
-        """All-gathers per-token rows into batch order.
-
-        Args:
-            local: ``[n_local, ...]`` this rank's rows, in local order.
-
-        Returns:
-            ``[num_tokens, ...]`` every rank's rows, in batch order.
-        """
-        pad_rows = host.max_local - host.num_local
-        if pad_rows:
-            local = torch.cat([local, local.new_zeros((pad_rows, *local.shape[1:]))])
-        stacked = self.comm.all_gather(local, tag)  # [cp_size, max_local, ...]
-        return stacked.flatten(0, 1).index_select(0, tensors.gather_index)
-
-    def _gather_current(self, own: KVRows, host: HostPlan, tensors: BatchTensors) -> KVRows:
-        return KVRows(
-            latent=self.all_gather_tokens(own.latent, host, tensors, "current_kv"),
-            index_k=self.all_gather_tokens(own.index_k, host, tensors, "current_index_k"),
-            index_k_scale=self.all_gather_tokens(
-                own.index_k_scale, host, tensors, "current_index_k"
-            ),
-        )
+        """``collect.all_gather_tokens`` on this rank's group."""
+        return all_gather_tokens(self.comm, local, host, tensors, tag)
 
 
 def attend_local(
@@ -368,53 +347,3 @@ def attend_local(
         attn.append(attn_r)
         topk.append(topk_r)
     return torch.cat(attn), torch.cat(topk)
-
-
-def collect_full_gather(
-    engine: CPEngine, hidden: Tensor, host: HostPlan, tensors: BatchTensors
-) -> Tensor:
-    """Phase 0: all-gather every token's hidden state, then keep each request's last token.
-
-    Returns:
-        ``[bs, hidden]`` last-token hidden states, identical on every rank.
-    """
-    full = engine.all_gather_tokens(hidden, host, tensors, "tail_hidden")  # [num_tokens, h]
-    return full.index_select(0, tensors.last_token_indices)
-
-
-def collect_narrow_last_token(
-    engine: CPEngine, hidden: Tensor, host: HostPlan, tensors: BatchTensors
-) -> Tensor:
-    """Phase 1: each rank contributes ``[bs, hidden]`` holding the last-token states it
-    computed (zeros elsewhere); after the gather each request's row comes from its last
-    token's rank.
-
-    Returns:
-        ``[bs, hidden]`` last-token hidden states, identical on every rank.
-    """
-    bs = host.bs
-    contribution = hidden.new_zeros(bs, hidden.shape[1]).index_copy_(
-        0, tensors.local_last_requests, hidden.index_select(0, tensors.local_last_rows)
-    )
-    gathered = engine.comm.all_gather(contribution, "tail_hidden")  # [cp_size, bs, hidden]
-    rows = tensors.last_token_ranks * bs + torch.arange(bs, device=hidden.device)
-    return gathered.flatten(0, 1).index_select(0, rows)
-
-
-def collect_local_last_token(
-    engine: CPEngine, hidden: Tensor, host: HostPlan, tensors: BatchTensors
-) -> Tensor:
-    """The none split: this rank computed every token, so it picks each request's last-token
-    state from its own rows and gathers nothing.
-
-    Returns:
-        ``[bs, hidden]`` last-token hidden states, identical on every rank.
-    """
-    return hidden.index_select(0, tensors.last_token_indices)
-
-
-COLLECTORS: dict[OutputStrategy, Callable[[CPEngine, Tensor, HostPlan, BatchTensors], Tensor]] = {
-    OutputStrategy.FULL_GATHER: collect_full_gather,
-    OutputStrategy.NARROW_LAST_TOKEN: collect_narrow_last_token,
-    OutputStrategy.LOCAL_LAST_TOKEN: collect_local_last_token,
-}
