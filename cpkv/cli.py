@@ -18,6 +18,13 @@ from cpkv.batch_tables import (
     render_verify_table,
 )
 from cpkv.bench import run_bench
+from cpkv.bench_rows_command import (
+    RowsGridOpt,
+    RowsKvDtypeOpt,
+    RowsOpt,
+    RowsThreadsOpt,
+    run_rows_command,
+)
 from cpkv.builtin_trace import demo_trace
 from cpkv.console import BadInput, ConfigOpt, JsonOpt, bad_input_exits, emit, err, out
 from cpkv.devices import Device, check_device
@@ -354,10 +361,19 @@ def bench(
     device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
     out_dir: Annotated[Path | None, out_option("bench.json and one PNG per figure")] = None,
+    rows: RowsOpt = None,
+    rows_grid: RowsGridOpt = "full",
+    kv_cache_dtype: RowsKvDtypeOpt = "auto",
+    rows_threads: RowsThreadsOpt = 0,
 ) -> None:
     """Performance figures, measured side by side in one run: bytes counted exactly, times as
     medians after a warm-up, headline figures as ratios. With --device meta, a dry run of
-    levels 0-5 on the trace instead."""
+    levels 0-5 on the trace instead. With --rows MODEL, the data movement at MODEL's row
+    widths and lengths against the device's copy rate instead."""
+    if rows is not None:
+        run_rows_command(
+            rows, rows_grid, kv_cache_dtype, rows_threads, repeats, device, as_json, out_dir
+        )
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
         flags = resolve_flags().flags  # the debug checks and their warning come from the env
