@@ -3,8 +3,10 @@
 Persistent MLA latent KV and index K/scale are sharded by page ownership
 (``owner = page % cp_size``, local physical page ``page // cp_size``): after the current
 chunk's all-gather each rank writes only the tokens of pages it owns. Kernels keep reading a
-full view: every batch materializes the pages its requests read from their owners (slot
-remap, so the hot path has no data-dependent shapes). There is no per-batch fallback: once
+full view: every batch materializes the pages its requests read from their owners, each
+distinct page once (compact unique remap: a prefix page shared by several requests of the
+batch is gathered once; ``docs/real-rows.md`` measures it against one slot per
+page-table entry). There is no per-batch fallback: once
 the layout is on, KV at rest is sharded.
 """
 
@@ -53,7 +55,9 @@ class ShardedKV:
         return []
 
     def contribute(self, plan: ExecutionPlan) -> ExecutionPlan:
-        """Owner-filtered writes and slot-remapped full-view reads."""
+        """Owner-filtered writes and unique-remapped full-view reads."""
         return dataclasses.replace(
-            plan, kv_write=KvWriteStrategy.OWNER_FILTERED, kv_read=KvReadStrategy.MATERIALIZED_SLOT
+            plan,
+            kv_write=KvWriteStrategy.OWNER_FILTERED,
+            kv_read=KvReadStrategy.MATERIALIZED_UNIQUE,
         )

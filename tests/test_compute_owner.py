@@ -33,7 +33,7 @@ from phases import Gate, PhaseId
 DIRECT = ExecutionPlan(
     split=SplitStrategy.PAGE_ALIGNED_ZIGZAG,
     kv_write=KvWriteStrategy.COMPUTE_OWNER_DIRECT,
-    kv_read=KvReadStrategy.MATERIALIZED_SLOT,
+    kv_read=KvReadStrategy.MATERIALIZED_UNIQUE,
     output=ExecutionPlan.baseline(DeploymentConfig().cp_mode).output,
 )
 

@@ -82,7 +82,7 @@ def test_an_unsplit_batch_with_history_materializes_and_level_0_reads_its_own_po
     gate = Gate(ALL, deploy)
     gate.decide(first)
     plan = gate.decide(second)
-    assert plan.plan.kv_read is KvReadStrategy.MATERIALIZED_SLOT
+    assert plan.plan.kv_read is KvReadStrategy.MATERIALIZED_UNIQUE
     assert [str(r) for r in plan.decisions[2].reasons] == ["HAS_HISTORY rid=a prefix_len=40"]
     baseline = Gate(frozenset(), deploy).decide(second)
     assert baseline.phase == 0 and baseline.plan == ExecutionPlan.unsplit()

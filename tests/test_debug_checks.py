@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import cpkv.commands.shared as shared_mod
@@ -47,6 +48,7 @@ def drop_last_write(monkeypatch: pytest.MonkeyPatch) -> None:
     """The KV write loses its last token row (the plan still lists it)."""
 
     def dropping(pool: PagedKVPool, layer: int, source: KVRows, rows: Any, dest: Any) -> None:
+        rows = torch.arange(len(dest), device=dest.device) if rows is None else rows
         write_rows(pool, layer, source, rows[:-1], dest[:-1])
 
     monkeypatch.setattr(engine_mod, "write_rows", dropping)
@@ -59,7 +61,7 @@ def drop_last_planned_write(monkeypatch: pytest.MonkeyPatch) -> None:
         t = expand(*args, **kwargs)
         return dataclasses.replace(
             t,
-            write_source=t.write_source[:-1],
+            write_source=t.write_source_rows()[:-1],
             write_dest=t.write_dest[:-1],
             written_locs=t.written_locs[:-1],
         )

@@ -37,6 +37,9 @@ COVERED = {
     "cpkv bench --repeats 1 --json": (
         "tests/test_cli_phases.py::test_bench_json_reports_every_figure"
     ),
+    "cpkv bench --rows deepseek-v3.2 --rows-grid tiny --repeats 1 --json": (
+        "tests/test_bench_rows.py::test_every_figure_moves_the_bytes_counted_by_hand"
+    ),
     "cpkv pd tests/data/pd_small.jsonl --phases 1,2 --cp-size 2 --page-size 4": (
         "tests/test_cli.py::test_pd_json_round_trips"
     ),

@@ -36,8 +36,8 @@ from cpkv_core.planning import (
     physical_loc,
 )
 from cpkv_core.runtime import CPEngine, KVRows, PagedKVPool, compare_batch, expand, materialize
+from cpkv_core.runtime import collect as collect_mod
 from cpkv_core.runtime import engine as engine_mod
-from cpkv_core.runtime import gather as gather_mod
 from cpkv_core.runtime.device_plan import BatchTensors, upload
 from cpkv_core.traces import load_trace
 from phases import level_enabled, levels_of
@@ -223,13 +223,13 @@ def test_run_batch_runs_every_strategy_on_meta_with_no_host_value(plan: Executio
 
 def test_meta_guard_names_an_op_handed_a_host_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard fails a step that indexes with a CPU tensor (a sync on CUDA)."""
-    original = gather_mod.collect_narrow_last_token
+    original = collect_mod.collect_narrow_last_token
 
     def host_index(comm, hidden, host, tensors):  # type: ignore[no-untyped-def]
         cpu = dataclasses.replace(tensors, last_token_ranks=torch.zeros(host.bs, dtype=torch.int64))
         return original(comm, hidden, host, cpu)
 
-    monkeypatch.setitem(gather_mod.COLLECTORS, OutputStrategy.NARROW_LAST_TOKEN, host_index)
+    monkeypatch.setitem(collect_mod.COLLECTORS, OutputStrategy.NARROW_LAST_TOKEN, host_index)
     plan = dataclasses.replace(
         ExecutionPlan.baseline(CpMode.IN_SEQ_SPLIT), output=OutputStrategy.NARROW_LAST_TOKEN
     )

@@ -1,21 +1,27 @@
 """``cpkv bench``: the performance figures, measured side by side in one run (the figures are
-:mod:`cpkv.bench`'s; their tables :mod:`cpkv.render.bench`'s)."""
+:mod:`cpkv.bench`'s; their tables :mod:`cpkv.render.bench`'s); with ``--rows MODEL`` the
+real-rows figures (``bench.rows``) instead."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
 from rich.markup import escape
 
+from cpkv.bench.rows import run_rows_bench
+from cpkv.bench.rows_setup import GRIDS
 from cpkv.bench.suite import run_bench
 from cpkv.commands.options import DeviceOpt, JsonOpt, out_option, print_written
 from cpkv.commands.shared import RUN_MODEL, dry_run_exit
-from cpkv.common.console import bad_input_exits, emit, err, out
+from cpkv.common.console import BadInput, bad_input_exits, emit, err, out
 from cpkv.common.devices import Device, check_device
 from cpkv.common.settings import RunSettings
+from cpkv.plan.kv_bytes import parse_kv_cache_dtype
 from cpkv.render.bench import render_bench
+from cpkv.render.rows import render_rows
 from cpkv.run.builtin_trace import demo_trace
 from cpkv.run.launchers import refuse_torchrun
 from cpkv_core.config import DeploymentConfig, model_preset
@@ -45,6 +51,46 @@ CpMinTokensOpt = Annotated[
     ),
 ]
 
+RowsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rows",
+        metavar="MODEL",
+        help="Instead of the tiny model's figures: cpkv's data movement at MODEL's row widths "
+        "and lengths (deepseek-v3.2, glm-5), against the device's copy rate "
+        "(docs/real-rows.md).",
+    ),
+]
+RowsGridOpt = Annotated[
+    str,
+    typer.Option(
+        "--rows-grid",
+        metavar="GRID",
+        help="With --rows: full (history 8K/32K/128K, chunk 8K, bs 1/4, cp 2/4/8; minutes), "
+        "small (history 1K/4K, chunk 2K, bs 1/4, cp 2/4) or tiny (history 128, chunk 256, "
+        "bs 1/2, cp 2, page 16; a smoke test).",
+    ),
+]
+RowsKvDtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--kv-cache-dtype",
+        metavar="DTYPE",
+        help="With --rows: the latent's storage, auto|bf16|fp8_e4m3 (auto = bf16, as cpkv "
+        "plan counts it).",
+    ),
+]
+RowsThreadsOpt = Annotated[
+    int,
+    typer.Option(
+        "--rows-threads",
+        min=0,
+        metavar="N",
+        help="With --rows: torch threads of the run (0: torch's default, one a core). 1 "
+        "gives steadier figures on a machine other work shares.",
+    ),
+]
+
 
 def bench_command(
     cp_size: CpSizeOpt = 4,
@@ -55,10 +101,19 @@ def bench_command(
     device: DeviceOpt = Device.CPU,
     as_json: JsonOpt = False,
     out_dir: Annotated[Path | None, out_option("bench.json and one PNG per figure")] = None,
+    rows: RowsOpt = None,
+    rows_grid: RowsGridOpt = "full",
+    kv_cache_dtype: RowsKvDtypeOpt = "auto",
+    rows_threads: RowsThreadsOpt = 0,
 ) -> None:
     """Performance figures, measured side by side in one run: bytes counted exactly, times as
     medians after a warm-up, headline figures as ratios. With --device meta, a dry run of
-    levels 0-5 on the trace instead."""
+    levels 0-5 on the trace instead. With --rows MODEL, the data movement at MODEL's row
+    widths and lengths against the device's copy rate instead."""
+    if rows is not None:
+        run_rows_command(
+            rows, rows_grid, kv_cache_dtype, rows_threads, repeats, device, as_json, out_dir
+        )
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
         flags = resolve_flags().flags  # the debug checks and their warning come from the env
@@ -90,6 +145,47 @@ def bench_command(
 
         documents = {"bench": report.to_json()}
         print_written(write_outputs(out_dir, "bench", documents, BENCH_FIGURES))
+
+
+def _check_rows(rows: str, grid: str, device: Device, out_dir: Path | None) -> None:
+    model_preset(rows)
+    if grid not in GRIDS:
+        raise BadInput(f"--rows-grid {grid!r}: choose one of {', '.join(GRIDS)}")
+    if device is Device.META:
+        raise BadInput("--rows times real data movement; --device meta moves none")
+    if out_dir is not None:
+        raise BadInput("--out draws the tiny model's figures; with --rows use --json")
+    check_device(device)
+
+
+def run_rows_command(
+    rows: str,
+    grid: str,
+    kv_cache_dtype: str,
+    threads: int,
+    repeats: int,
+    device: Device,
+    as_json: bool,
+    out_dir: Path | None,
+) -> None:
+    """Runs the real-rows figures and prints them (exit 2 on bad input, nothing run)."""
+    with bad_input_exits():
+        _check_rows(rows, grid, device, out_dir)
+        kv_dtype = parse_kv_cache_dtype(kv_cache_dtype)
+    model = model_preset(rows)
+    if threads:
+        torch.set_num_threads(threads)
+    with err.status("bench --rows") as status:
+        report = run_rows_bench(
+            model,
+            kv_dtype,
+            GRIDS[grid],
+            repeats,
+            str(device),
+            on_step=lambda name: status.update(f"bench: {name}"),
+        )
+    emit(as_json, report.to_json(), lambda: render_rows(out, report))
+    raise typer.Exit(0)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -30,7 +31,9 @@ class BatchTensors:
     local_positions: Tensor  # [n_local] logical positions
     gather_index: Tensor  # [num_tokens] row of token g in the padded all-gather stack
     key_rows: Tensor  # [num_keys] rows of every attended request's keys in the key source
-    write_source: Tensor  # [num_written] rows of the gathered chunk (or of the local rows)
+    # [num_written] rows of the gathered chunk (or of the local rows); None when the write
+    # takes every row of its source in order (``write_source_rows`` spells it out)
+    write_source: Tensor | None
     write_dest: Tensor  # [num_written] rows of this rank's pool
     written_locs: Tensor  # [num_written] logical locs of those rows
     # gather: [max_pages * page_size] pool rows sent into a view (padding reads row 0);
@@ -40,6 +43,12 @@ class BatchTensors:
     last_token_ranks: Tensor  # [bs]
     local_last_rows: Tensor  # [num_local_last]
     local_last_requests: Tensor  # [num_local_last]
+
+    def write_source_rows(self) -> Tensor:
+        """``write_source``, the identity spelled out when it is None."""
+        if self.write_source is not None:
+            return self.write_source
+        return torch.arange(len(self.write_dest), dtype=torch.int64, device=self.write_dest.device)
 
 
 def upload(plan: HostPlan, device: torch.device) -> Tensor:
@@ -98,6 +107,18 @@ def _key_rows(plan: HostPlan, t: _Tables) -> Tensor:
     return torch.where(positions < prefix, pooled, current)
 
 
+def _writes_source_in_order(plan: HostPlan) -> bool:
+    """The batch writes every row of its source in order: its own rows (a direct write, or
+    a replicated write under the ``none`` split) or the whole gathered chunk (a replicated
+    write). Its write source is then the identity, and the write needs no gather of the
+    rows before it (a copy of them all)."""
+    source_rows = plan.num_local if plan.write_from_local else plan.num_tokens
+    if plan.num_written != source_rows:
+        return False
+    count = plan.table("write_count")
+    return bool(np.array_equal(plan.table("write_src0"), np.cumsum(count) - count))
+
+
 def expand(plan: HostPlan, packed: Tensor, vocab_size: int) -> BatchTensors:
     """Expands the uploaded tables (``upload``) into the batch's per-token indices."""
     t = _Tables(plan, packed)
@@ -120,7 +141,7 @@ def expand(plan: HostPlan, packed: Tensor, vocab_size: int) -> BatchTensors:
         local_positions=positions,
         gather_index=gather_index,
         key_rows=_key_rows(plan, t),
-        write_source=t["write_src0"][run] + offset,
+        write_source=None if _writes_source_in_order(plan) else t["write_src0"][run] + offset,
         write_dest=t["write_dst0"][run] + offset,
         written_locs=t["write_loc0"][run] + offset,
         send_rows=(send_pages[:, None] * ps + _arange(ps, packed)[None, :]).reshape(-1),

@@ -29,10 +29,10 @@ from cpkv_core.planning import (
     build_host_plan,
     owner_of_page,
 )
+from cpkv_core.runtime.collect import COLLECTORS, all_gather_tokens, gather_current
 from cpkv_core.runtime.debug_checks import DebugChecks
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
 from cpkv_core.runtime.faults import Fault
-from cpkv_core.runtime.gather import COLLECTORS, all_gather_tokens
 from cpkv_core.runtime.history_views import HistoryViews
 from cpkv_core.runtime.kv_access import MATERIALIZE_TAG, key_source, write_rows
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, SavedRows
@@ -232,7 +232,7 @@ class CPEngine:
             own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
             # NOTE: without a gather the write and the read use ``own``: a direct write's
             # rows, or under the none split the whole chunk in batch order.
-            current = self._gather_current(own, host, tensors) if needs_current else own
+            current = gather_current(self.comm, own, host, tensors) if needs_current else own
             source = own if host.write_from_local else current
             write_rows(self.pool, layer_index, source, tensors.write_source, tensors.write_dest)
             keys = self._keys(layer_index, host, tensors, current, views)
@@ -297,14 +297,5 @@ class CPEngine:
     def all_gather_tokens(
         self, local: Tensor, host: HostPlan, tensors: BatchTensors, tag: str
     ) -> Tensor:
-        """``gather.all_gather_tokens`` over this rank's group (``[num_tokens, ...]``)."""
+        """``collect.all_gather_tokens`` on this rank's group (``[num_tokens, ...]``)."""
         return all_gather_tokens(self.comm, local, host, tensors, tag)
-
-    def _gather_current(self, own: KVRows, host: HostPlan, tensors: BatchTensors) -> KVRows:
-        return KVRows(
-            latent=self.all_gather_tokens(own.latent, host, tensors, "current_kv"),
-            index_k=self.all_gather_tokens(own.index_k, host, tensors, "current_index_k"),
-            index_k_scale=self.all_gather_tokens(
-                own.index_k_scale, host, tensors, "current_index_k"
-            ),
-        )

@@ -97,7 +97,7 @@ class Fault:
             keep = max(host.num_written - 1, 0)
             return replace(
                 t,
-                write_source=t.write_source[:keep],
+                write_source=t.write_source_rows()[:keep],
                 write_dest=t.write_dest[:keep],
                 written_locs=t.written_locs[:keep],
             )
@@ -107,8 +107,8 @@ class Fault:
             skip = int(counts[0]) if len(counts) else 0
             return replace(
                 t,
-                write_source=t.write_source[skip:],
+                write_source=t.write_source_rows()[skip:],
                 write_dest=t.write_dest[skip:],
                 written_locs=t.written_locs[skip:],
             )
-        return replace(t, write_source=t.write_source.roll(1))
+        return replace(t, write_source=t.write_source_rows().roll(1))

@@ -17,13 +17,17 @@ MATERIALIZE_TAG = "materialize"
 """Collective tag of full-view materialization, so its bytes are counted apart."""
 
 
-def write_rows(pool: PagedKVPool, layer: int, source: KVRows, rows: Tensor, dest: Tensor) -> None:
-    """Stores ``source``'s rows ``rows [m]`` at pool rows ``dest [m]`` of ``layer``.
+def write_rows(
+    pool: PagedKVPool, layer: int, source: KVRows, rows: Tensor | None, dest: Tensor
+) -> None:
+    """Stores ``source``'s rows ``rows [m]`` at pool rows ``dest [m]`` of ``layer``; ``rows``
+    None stores every row of ``source`` in order, with no gather first.
 
     Replicated: every gathered row at its logical loc. Owner-filtered: only owned rows of
-    the gathered chunk, at their physical rows. Direct: this rank's own rows.
+    the gathered chunk, at their physical rows. Direct: this rank's own rows. The first and
+    the last take every row of their source in order (``BatchTensors.write_source`` None).
     """
-    pool.write(layer, dest, source.select(rows))
+    pool.write(layer, dest, source if rows is None else source.select(rows))
 
 
 def materialize(comm: Communicator, pool_layer: KVRows, send_rows: Tensor) -> KVRows:

@@ -48,6 +48,63 @@ class SavedRows:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class LatentStorage:
+    """How a pool stores one token's MLA latent KV: ``width`` elements of ``dtype``.
+
+    The test vehicle stores ``kv_dim`` fp32 values; the production layouts are ``kv_dim``
+    bf16 values or FlashMLA's fp8 layout as ``656`` opaque bytes (``uint8``).
+    """
+
+    dtype: torch.dtype
+    width: int
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one token's latent row."""
+        return self.dtype.itemsize * self.width
+
+
+def vehicle_latent(cfg: ModelConfig) -> LatentStorage:
+    """The test vehicle's latent: ``kv_dim`` fp32 values."""
+    return LatentStorage(torch.float32, cfg.kv_dim)
+
+
+def _words(t: Tensor) -> Tensor:
+    """``t`` (``[n]`` or ``[n, w]``) with each row as the widest integer words its bytes
+    split into, for a copy; ``t`` itself when no such view exists."""
+    row_bytes = t.element_size() * (int(t.shape[1]) if t.dim() == 2 else 1)
+    for word in (torch.int64, torch.int32, torch.int16):
+        if row_bytes % word.itemsize == 0 and row_bytes >= word.itemsize:
+            break
+    else:
+        word = torch.uint8
+    if word.itemsize == t.element_size():
+        return t.view(word) if t.is_floating_point() else t
+    try:
+        return t.view(torch.uint8).view(word) if t.element_size() == 1 else t.view(word)
+    except RuntimeError:
+        return t
+
+
+def copy_rows_(dest: Tensor, index: Tensor, rows: Tensor) -> None:
+    """``dest.index_copy_(0, index, rows)``, bit for bit, as a copy of integer words.
+
+    ``index_copy_`` moves one element at a time on the CPU, so both sides are viewed as the
+    widest integer words their rows split into: a 1,152-byte bf16 row moves in 144 8-byte
+    steps instead of 576, a 656-byte fp8 row in 82 instead of 656. Tensors with no such view
+    are copied element by element (float8 as its bytes: ``index_copy_`` has no float8
+    kernel).
+    """
+    dest_words, row_words = _words(dest), _words(rows)
+    if dest_words.dtype == row_words.dtype and dest_words.shape[1:] == row_words.shape[1:]:
+        dest_words.index_copy_(0, index, row_words)
+    elif dest.element_size() == 1:
+        dest.view(torch.uint8).index_copy_(0, index, rows.view(torch.uint8))
+    else:
+        dest.index_copy_(0, index, rows)
+
+
 def index_k_torch_dtype(dtype: IndexKDtype) -> torch.dtype:
     """The torch dtype that stores index K for ``dtype``."""
     return torch.float8_e4m3fn if dtype is IndexKDtype.FP8_E4M3 else torch.float32
@@ -138,17 +195,23 @@ class PagedKVPool:
         dtype: IndexKDtype,
         device: torch.device | str = "cpu",
         arena: Tensor | None = None,
+        latent: LatentStorage | None = None,
     ) -> None:
         """``arena``: a zeroed flat uint8 buffer to carve the layers from (``carve_layers``;
-        shared memory its peers map); None allocates each tensor on ``device``."""
+        shared memory its peers map); None allocates each tensor on ``device``.
+        ``latent``: the latent rows' storage; None is the test vehicle's (``vehicle_latent``).
+        """
         if num_pages < 1 or page_size < 1:
             raise ValueError(
                 f"pool needs num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}"
             )
+        if arena is not None and latent is not None:
+            raise ValueError("a pool carved from an arena stores the test vehicle's latent")
         self.cfg = cfg
         self.num_pages = num_pages
         self.page_size = page_size
         self.dtype = dtype
+        self.latent = vehicle_latent(cfg) if latent is None else latent
         num_locs = num_pages * page_size
         k_dtype = index_k_torch_dtype(dtype)
         if arena is not None:
@@ -156,7 +219,9 @@ class PagedKVPool:
             return
         self.layers = tuple(
             KVRows(
-                latent=torch.zeros(num_locs, cfg.kv_dim, device=device),
+                latent=torch.zeros(
+                    num_locs, self.latent.width, dtype=self.latent.dtype, device=device
+                ),
                 index_k=torch.zeros(num_locs, cfg.index_head_dim, dtype=k_dtype, device=device),
                 index_k_scale=torch.zeros(num_locs, device=device),
             )
@@ -166,20 +231,25 @@ class PagedKVPool:
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token occupies across all layers."""
-        return kv_bytes_per_token(self.cfg, self.dtype) * self.cfg.num_layers
+        return self.row_bytes * self.cfg.num_layers
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one token occupies in one layer: latent, index K and its scale."""
+        index_k = self.cfg.index_head_dim * index_k_torch_dtype(self.dtype).itemsize
+        return self.latent.row_bytes + index_k + 4
 
     def bytes_for_pages(self, num_pages: int) -> int:
         """Bytes that ``num_pages`` pages occupy across all layers."""
         return num_pages * self.page_size * self.bytes_per_token
 
     def write(self, layer: int, rows_index: Tensor, rows: KVRows) -> None:
-        """Stores ``rows`` at token rows ``rows_index [n]`` of ``layer`` (``index_copy_``:
-        no host synchronisation on CUDA)."""
+        """Stores ``rows`` at token rows ``rows_index [n]`` of ``layer`` (``copy_rows_``, an
+        ``index_copy_``: no host synchronisation on CUDA)."""
         pool = self.layers[layer]
-        pool.latent.index_copy_(0, rows_index, rows.latent)
-        # NOTE: index_copy_ has no float8 kernel; the bytes are copied instead.
-        pool.index_k.view(torch.uint8).index_copy_(0, rows_index, rows.index_k.view(torch.uint8))
-        pool.index_k_scale.index_copy_(0, rows_index, rows.index_k_scale)
+        copy_rows_(pool.latent, rows_index, rows.latent)
+        copy_rows_(pool.index_k, rows_index, rows.index_k)
+        copy_rows_(pool.index_k_scale, rows_index, rows.index_k_scale)
 
     def save_rows(self, rows_index: Tensor) -> SavedRows:
         """Copies token rows ``rows_index [n]`` of every layer (device ops, no host read), so

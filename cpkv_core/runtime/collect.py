@@ -1,6 +1,10 @@
-"""Per-token rows across the ranks: all-gathered into batch order (the current chunk, the
-full tail), and the tail's collectors of each request's last-token hidden state, one per
-output strategy."""
+"""Token all-gathers of the run step: the current chunk's KV into batch order, and the
+tail's collection of each request's last-token hidden state (phase 0's full gather, phase
+1's narrow gather, or none under the ``none`` split).
+
+Each takes the group's ``Communicator``, the rank's ``HostPlan`` (sizes) and its
+``BatchTensors`` (indices), and reads no device value on the host.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,16 @@ from torch import Tensor
 from cpkv_core.dist.comm import Communicator
 from cpkv_core.planning import HostPlan, OutputStrategy
 from cpkv_core.runtime.device_plan import BatchTensors
+from cpkv_core.runtime.kv_pool import KVRows
+
+__all__ = [
+    "COLLECTORS",
+    "all_gather_tokens",
+    "collect_full_gather",
+    "collect_local_last_token",
+    "collect_narrow_last_token",
+    "gather_current",
+]
 
 
 def all_gather_tokens(
@@ -30,6 +44,17 @@ def all_gather_tokens(
         local = torch.cat([local, local.new_zeros((pad_rows, *local.shape[1:]))])
     stacked = comm.all_gather(local, tag)  # [cp_size, max_local, ...]
     return stacked.flatten(0, 1).index_select(0, tensors.gather_index)
+
+
+def gather_current(
+    comm: Communicator, own: KVRows, host: HostPlan, tensors: BatchTensors
+) -> KVRows:
+    """The current chunk's KV of every rank, in batch order (``own``: this rank's rows)."""
+    return KVRows(
+        latent=all_gather_tokens(comm, own.latent, host, tensors, "current_kv"),
+        index_k=all_gather_tokens(comm, own.index_k, host, tensors, "current_index_k"),
+        index_k_scale=all_gather_tokens(comm, own.index_k_scale, host, tensors, "current_index_k"),
+    )
 
 
 def collect_full_gather(
@@ -75,10 +100,11 @@ def collect_local_last_token(
     return hidden.index_select(0, tensors.last_token_indices)
 
 
-COLLECTORS: dict[
-    OutputStrategy, Callable[[Communicator, Tensor, HostPlan, BatchTensors], Tensor]
-] = {
+Collector = Callable[[Communicator, Tensor, HostPlan, BatchTensors], Tensor]
+
+COLLECTORS: dict[OutputStrategy, Collector] = {
     OutputStrategy.FULL_GATHER: collect_full_gather,
     OutputStrategy.NARROW_LAST_TOKEN: collect_narrow_last_token,
     OutputStrategy.LOCAL_LAST_TOKEN: collect_local_last_token,
 }
+"""The tail's collector of each output strategy."""

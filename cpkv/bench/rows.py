@@ -1,0 +1,210 @@
+"""``cpkv bench --rows MODEL``: cpkv's data movement at a production model's row widths and
+lengths, against the copy ceiling of the device it runs on.
+
+Every op of ``bench_rows_ops`` runs on rank 0 of every point of the grid
+(``bench_rows_setup``), with the model's per-token per-layer rows in their storage dtype
+and random bytes: the engine's index plans and calls, no model maths. Per op and point:
+the bytes it writes, its median time and that of a contiguous copy of the same bytes taken
+in turn with it (``ratio_to_copy``), and the peak scratch of one call next to what
+``cpkv plan`` budgets for it. From those: a projection per chunk over all the model's
+layers at each level, and slot against unique remap. ``docs/real-rows.md`` reads them.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from cpkv.bench.rows_figures import RowsEntry, projection, slot_vs_unique
+from cpkv.bench.rows_group import RankAlone
+from cpkv.bench.rows_measure import (
+    Allocator,
+    CopyCeiling,
+    peak_scratch,
+    reusing_allocator,
+    time_op,
+)
+from cpkv.bench.rows_ops import RowOp, chunk_ops, replicated_ops, sharded_ops
+from cpkv.bench.rows_setup import RANK, PointSetup, RowFormat, RowsGrid, RowsPoint, row_format
+from cpkv.plan.kv_bytes import KvCacheDtype
+from cpkv_core.config import ModelConfig
+
+__all__ = ["GOAL_RATIO", "RowsReport", "run_rows_bench"]
+
+GOAL_RATIO = 0.5
+"""The goal of every op at the grid's longest history: half the copy ceiling or better."""
+PLAN_REPEATS = 3
+"""Host plan timings per view strategy (median)."""
+
+
+def _measure(
+    op: RowOp,
+    point: RowsPoint,
+    ceiling: CopyCeiling,
+    repeats: int,
+    device: torch.device,
+    allocator: Allocator,
+) -> RowsEntry:
+    if op.first_run is not None:
+        # NOTE: first, so the fresh buffers it allocates never sit beside the reused ones.
+        scratch = peak_scratch(op.first_run, device)
+    else:
+        op.run()  # NOTE: a warm-up makes the peers' parts, so the profile sees the op alone
+        scratch = peak_scratch(op.run, device)
+    # NOTE: the profiler's records land in the memory the op freed; handed back, the op's
+    # next calls take fresh memory once and then reuse it, instead of growing the heap.
+    allocator.trim()
+    timing = time_op(op.run, op.bytes, ceiling, repeats, device)
+    plan_seconds = None
+    if op.plan_seconds is not None:
+        plan_seconds = statistics.median(op.plan_seconds() for _ in range(PLAN_REPEATS))
+    return RowsEntry(
+        op=op.op,
+        variant=op.variant,
+        history=point.history,
+        cp_size=point.cp_size,
+        bs=point.bs,
+        shared_prefix=point.shared_prefix,
+        per=op.per,
+        levels=op.levels,
+        bytes=op.bytes,
+        seconds=timing.seconds,
+        copy_seconds=timing.copy_seconds,
+        rounds=timing.rounds,
+        best_seconds=timing.best_seconds,
+        copy_best_seconds=timing.copy_best_seconds,
+        scratch_bytes=scratch,
+        planned_scratch_bytes=op.planned_scratch_bytes,
+        budget=op.budget,
+        plan_seconds=plan_seconds,
+    )
+
+
+def measure_point(
+    model: ModelConfig,
+    fmt: RowFormat,
+    point: RowsPoint,
+    grid: RowsGrid,
+    ceiling: CopyCeiling,
+    repeats: int,
+    device: torch.device,
+    allocator: Allocator,
+) -> list[RowsEntry]:
+    """Every op of one point; the shards are freed before the replicated pool is made, and
+    the memory an op freed is handed back before the next op."""
+    setup = PointSetup(model, fmt, point, grid, str(device))
+    entries: list[RowsEntry] = []
+    comm = RankAlone(RANK, point.cp_size)
+    groups: list[Iterable[RowOp]] = [sharded_ops(setup, comm, model.num_layers)]
+    if not point.shared_prefix:
+        groups += [replicated_ops(setup, comm), chunk_ops(setup)]
+    for group in groups:
+        for op in group:
+            entries.append(_measure(op, point, ceiling, repeats, device, allocator))
+            del op
+            # NOTE: glibc, kept from handing memory back, fragments: an op's leftovers
+            # would grow the heap by more than the op needs (3 GiB for a 1.4 GiB view).
+            allocator.trim()
+        setup.free_shards()
+        comm.forget_parts()
+        gc.collect()
+        allocator.trim()
+    return entries
+
+
+@dataclass(frozen=True, slots=True)
+class RowsReport:
+    """One ``cpkv bench --rows`` run."""
+
+    model: str
+    kv_cache_dtype: str
+    row_bytes: int
+    hidden_bytes: int
+    num_layers: int
+    grid: RowsGrid
+    device: str
+    allocator: str
+    threads: int
+    seconds: float
+    """Wall time of the whole run."""
+    entries: list[RowsEntry]
+    warnings: list[str]
+
+    @property
+    def below_goal(self) -> list[RowsEntry]:
+        """Entries at the grid's longest history under ``GOAL_RATIO``."""
+        longest = max(self.grid.histories)
+        return [e for e in self.entries if e.history == longest and e.ratio_to_copy < GOAL_RATIO]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document of ``cpkv bench --rows MODEL --json``."""
+        return {
+            "warnings": self.warnings,
+            "real_rows_setup": {
+                "model": self.model,
+                "kv_cache_dtype": self.kv_cache_dtype,
+                "row_bytes_per_token_per_layer": self.row_bytes,
+                "hidden_bytes_per_token": self.hidden_bytes,
+                "num_layers": self.num_layers,
+                "grid": asdict(self.grid),
+                "rank": RANK,
+                "device": self.device,
+                "allocator": self.allocator,
+                "torch_threads": self.threads,
+                "seconds": self.seconds,
+                "goal_ratio_to_copy": GOAL_RATIO,
+            },
+            "real_rows": [e.to_json() for e in self.entries],
+            "real_rows_projection": [asdict(r) for r in projection(self.entries, self.num_layers)],
+            "slot_vs_unique": [r.to_json() for r in slot_vs_unique(self.entries, self.num_layers)],
+        }
+
+
+def run_rows_bench(
+    model: ModelConfig,
+    kv_dtype: KvCacheDtype,
+    grid: RowsGrid,
+    repeats: int = 3,
+    device: str = "cpu",
+    on_step: Callable[[str], None] | None = None,
+    warnings: Sequence[str] = (),
+) -> RowsReport:
+    """Measures every op at every point of ``grid``; ``on_step`` hears each point."""
+    began = time.perf_counter()
+    fmt = row_format(model, kv_dtype)
+    run_device = torch.device(device)
+    ceiling = CopyCeiling(run_device)
+    entries: list[RowsEntry] = []
+    with reusing_allocator(run_device) as allocator:
+        for point in grid.points():
+            if on_step is not None:
+                on_step(
+                    f"{model.name} rows: history {point.history}, bs {point.bs}, cp "
+                    f"{point.cp_size}{', shared prefix' if point.shared_prefix else ''}"
+                )
+            entries += measure_point(
+                model, fmt, point, grid, ceiling, repeats, run_device, allocator
+            )
+    notes = list(warnings)
+    if allocator.name == "system":
+        notes.append("no glibc to keep freed memory: fresh CPU tensors pay their page faults")
+    return RowsReport(
+        model=model.name,
+        kv_cache_dtype=str(kv_dtype),
+        row_bytes=fmt.row_bytes,
+        hidden_bytes=fmt.hidden_bytes,
+        num_layers=model.num_layers,
+        grid=grid,
+        device=device,
+        allocator=allocator.name,
+        threads=torch.get_num_threads(),
+        seconds=time.perf_counter() - began,
+        entries=entries,
+        warnings=notes,
+    )

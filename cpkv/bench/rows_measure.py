@@ -1,0 +1,249 @@
+"""How the real-rows bench measures an op: its time against a contiguous copy of the same
+bytes, taken in turn with it, and the peak of the temporaries one call allocates.
+
+- **Copy ceiling.** ``CopyCeiling.copy(n)`` copies ``n`` bytes between two contiguous
+  64 MiB buffers on the op's device (more than a server CPU's last-level cache), in pieces
+  of at most 64 MiB: past the caches, the rate no longer depends on the piece size. A copy
+  smaller than the caches would run from them, while the op reads a pool far larger than
+  they are; so each copy takes the next span of the buffers, memory the copies just before
+  did not touch. Each round times the op, then the copy, once both are warm
+  (``_warm_up``); the medians are reported, and the fastest of each.
+- **Scratch.** On CUDA, the caching allocator's peak over one call; on the CPU, the
+  profiler's record of every allocation and free during one call, summed in order.
+- **The CPU allocator.** A device's caching allocator hands a freed block to the next
+  tensor of its size. glibc returns large blocks to the system on free, so on the CPU
+  every fresh tensor of tens of MB is page-faulted in again on first touch: a plain
+  ``clone`` runs at about a third of ``copy_`` into an existing tensor. ``reusing_allocator``
+  makes glibc keep freed memory (``mallopt``), as a caching allocator would, for the run;
+  ``Allocator.trim`` hands it back between ops (each op is warmed up before it is timed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "Allocator",
+    "CopyCeiling",
+    "Timing",
+    "peak_scratch",
+    "reusing_allocator",
+    "sync",
+    "time_op",
+]
+
+CEILING_PIECE_BYTES = 64 << 20
+"""Largest single copy of the ceiling, and the size of each of its two buffers."""
+MAX_REPEATS = 25
+"""Most timed rounds of one op (a short op gets more rounds, up to this)."""
+ROUND_BUDGET_S = 0.15
+"""A short op is repeated until its rounds take about this long."""
+
+MAX_WARMUPS = 8
+"""Most warm-up calls of an op before it is timed."""
+FAULT_SHARE = 0.02
+"""A warm call faults in at most this share of the bytes it writes."""
+PAGE_BYTES = 4096
+"""Bytes of one page (what one minor fault brings in)."""
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_GLIBC_MMAP_MAX = 65536
+_GLIBC_TRIM_THRESHOLD = 128 * 1024
+
+
+def sync(device: torch.device) -> None:
+    """Waits for the device's queued work (CUDA); no-op on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class CopyCeiling:
+    """Contiguous copies of any byte count on one device, from memory (module docstring)."""
+
+    def __init__(self, device: torch.device, piece_bytes: int = CEILING_PIECE_BYTES) -> None:
+        """Allocates both buffers at once, before any op, so they never split the memory an
+        op frees and takes again."""
+        self.piece_bytes = max(piece_bytes, 1)
+        self.src = torch.randint(0, 256, (self.piece_bytes,), dtype=torch.uint8, device=device)
+        self.dst = torch.empty_like(self.src)
+        self.cursor = 0
+
+    def copy(self, nbytes: int) -> None:
+        """Copies ``nbytes`` bytes from one buffer to the other, each piece from the next span
+        of the buffers, so what it touches was not touched by the copies just before."""
+        size = min(nbytes, self.piece_bytes)
+        for start in range(0, nbytes, size):
+            n = min(size, nbytes - start)
+            if self.cursor + n > self.src.numel():
+                self.cursor = 0
+            span = slice(self.cursor, self.cursor + n)
+            self.dst[span].copy_(self.src[span])
+            self.cursor += n
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Median seconds of an op and of the copy of its bytes, over ``rounds`` rounds, and the
+    fastest of each."""
+
+    seconds: float
+    copy_seconds: float
+    rounds: int
+    best_seconds: float
+    """The fastest round of the op (robust on a loaded machine)."""
+    copy_best_seconds: float
+
+
+def _warm_up(run: Callable[[], object], nbytes: int, device: torch.device) -> None:
+    """Calls ``run`` until a call takes no page faults (at most ``MAX_WARMUPS`` calls).
+
+    Memory the allocator got back from the system is faulted in on first touch, and this
+    machine's kernel takes back memory left idle (its free-page reclaim runs in the
+    background), so an op can fault on several calls in a row before its memory stays.
+    A device's caching allocator holds its blocks; so the timed rounds start once the op
+    runs on memory it already holds.
+    """
+    for _ in range(MAX_WARMUPS if device.type == "cpu" else 1):
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        run()
+        sync(device)
+        faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        if faulted * PAGE_BYTES <= FAULT_SHARE * nbytes:
+            return
+
+
+def time_op(
+    run: Callable[[], object],
+    nbytes: int,
+    ceiling: CopyCeiling,
+    repeats: int,
+    device: torch.device,
+) -> Timing:
+    """Times ``run`` and ``ceiling.copy(nbytes)`` in turn after warming both up (``_warm_up``);
+    at least ``repeats`` rounds, more for a short op (``ROUND_BUDGET_S``)."""
+    _warm_up(run, nbytes, device)
+    _warm_up(lambda: ceiling.copy(nbytes), nbytes, device)
+    op_s: list[float] = []
+    copy_s: list[float] = []
+    rounds = repeats
+    while len(op_s) < rounds:
+        began = time.perf_counter()
+        run()
+        sync(device)
+        middle = time.perf_counter()
+        ceiling.copy(nbytes)
+        sync(device)
+        op_s.append(middle - began)
+        copy_s.append(time.perf_counter() - middle)
+        if len(op_s) == 1:
+            spent = max(time.perf_counter() - began, 1e-9)
+            rounds = max(repeats, min(MAX_REPEATS, int(ROUND_BUDGET_S / spent)))
+    return Timing(
+        statistics.median(op_s), statistics.median(copy_s), rounds, min(op_s), min(copy_s)
+    )
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silences file descriptor 2 (kineto logs every profiler start and stop there)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _allocations(prof: torch.profiler.profile, device_type: str) -> list[tuple[int, int]]:
+    """``(time, bytes)`` of every allocation (+) and free (-) on ``device_type``."""
+    from torch._C._profiler import _EventType
+
+    events: list[tuple[int, int]] = []
+    todo = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[union-attr]
+    while todo:
+        node = todo.pop()
+        todo.extend(node.children)
+        kind, fields = node.typed
+        if kind == _EventType.Allocation and fields.device.type == device_type:
+            events.append((node.start_time_ns, fields.alloc_size))
+    return sorted(events)
+
+
+def peak_scratch(run: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes of the tensors one call of ``run`` allocates (and frees) on ``device``."""
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        run()
+        sync(device)
+        return int(torch.cuda.max_memory_allocated(device) - base)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with _quiet_stderr(), torch.profiler.profile(activities=activities, profile_memory=True) as p:
+        run()
+    live = peak = 0
+    for _, size in _allocations(p, device.type):
+        live += size
+        peak = max(peak, live)
+    return peak
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(name)
+        return libc if hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Allocator:
+    """The run's allocator: ``caching`` (a device's, or glibc told to keep freed memory)
+    or ``system`` (no glibc to tell: fresh CPU tensors pay their page faults)."""
+
+    name: str
+    libc: ctypes.CDLL | None = None
+
+    def trim(self) -> None:
+        """Hands the memory freed so far back to the system, between two ops, so the run's
+        peak is one op's and not what every op left behind."""
+        if self.libc is not None:
+            self.libc.malloc_trim(0)
+
+
+@contextmanager
+def reusing_allocator(device: torch.device) -> Iterator[Allocator]:
+    """For the run, glibc keeps freed memory for the next allocation (module docstring)."""
+    if device.type != "cpu":
+        yield Allocator("caching")
+        return
+    libc = _libc()
+    if libc is None:
+        yield Allocator("system")
+        return
+    libc.mallopt(_M_MMAP_MAX, 0)
+    libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+    try:
+        yield Allocator("caching", libc)
+    finally:
+        libc.mallopt(_M_MMAP_MAX, _GLIBC_MMAP_MAX)
+        libc.mallopt(_M_TRIM_THRESHOLD, _GLIBC_TRIM_THRESHOLD)
+        libc.malloc_trim(0)

@@ -1,0 +1,193 @@
+"""``cpkv bench --rows``: the bytes of every figure on the tiny grid, against counts made by
+hand from the pages and splits of its batches; the measured scratch against the plan's. No
+timing is asserted.
+
+The tiny grid (page 16, cp 2): each request has 128 history tokens (8 pages) and the batch
+256 current tokens. With bs 1 the request's 24 pages split 12/12 between the owners; with bs
+2 each request has 8 current pages, and the shared-prefix twin's two requests read the same
+8 history pages. A DeepSeek-V3.2 row is 1,152 + 132 = 1,284 B (bf16) or 656 + 132 = 788 B
+(fp8_e4m3); a hidden state is 7,168 x 2 B.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cpkv.bench import rows_measure as bench_rows_measure
+from cpkv.bench.rows_group import RankAlone
+from cpkv.bench.rows_ops import chunk_ops, replicated_ops, sharded_ops
+from cpkv.bench.rows_setup import GRIDS, PointSetup, row_format
+from cpkv.cli import app
+from cpkv.plan.kv_bytes import KvCacheDtype
+from cpkv_core.config import model_preset
+
+PAGE, CP, HISTORY, CHUNK = 16, 2, 128, 256
+HIDDEN_ROW = 7168 * 2
+ROWS = {"auto": 1152 + 132, "fp8_e4m3": 656 + 132}
+
+
+def expected_rows(bs: int, shared: bool) -> dict[tuple[str, str], int]:
+    """Token rows (hidden rows for the tail) each op writes on rank 0, counted by hand.
+
+    Every request's pages split evenly between the two owners (the page-aligned split deals
+    each request's pages in 2 x cp_size segments), so the busiest owner holds half.
+    """
+    extend = CHUNK // bs
+    history_pages, current_pages = HISTORY // PAGE, extend // PAGE
+    reads = bs * (history_pages + current_pages)  # page-table entries of the batch
+    distinct = (history_pages if shared else bs * history_pages) + bs * current_pages
+    rows = {
+        ("view", "slot"): (1 + CP) * (reads // CP) * PAGE,
+        ("view", "unique"): (1 + CP) * (distinct // CP) * PAGE,
+        ("view", "peer-read"): bs * HISTORY + CHUNK,
+        ("view", "peer-read-unique"): (distinct - bs * current_pages) * PAGE + CHUNK,
+    }
+    if shared:
+        return rows
+    local = CHUNK // CP  # zigzag and page-aligned halves alike
+    gathered = CP * local + CHUNK  # the all-gather's stack, then the batch-order select
+    owned_current = bs * current_pages // CP * PAGE
+    return rows | {
+        ("write", "replicated"): gathered + CHUNK,
+        ("write", "owner-filtered"): gathered + owned_current,
+        ("write", "direct"): local,
+        ("current-gather", "all-gather"): gathered,
+        ("rollback-save", "replicated"): CHUNK,
+        ("rollback-save", "owner-filtered"): owned_current,
+        ("rollback-save", "direct"): owned_current,
+        ("pd-pack", "owned-pages"): bs * (HISTORY + extend) // CP,
+        # full: the all-gather, the batch-order select and the bs last rows
+        ("tail", "full"): gathered + bs,
+        # narrow: zeros, each local last row selected and copied in, the gather, the pick;
+        # the zigzag puts every request's last token on rank 0
+        ("tail", "narrow"): 2 * bs + 2 * bs + CP * bs,
+    }
+
+
+def run_rows(*args: str) -> Any:
+    result = CliRunner().invoke(app, ["bench", "--rows", "deepseek-v3.2", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16() -> Any:
+    """One run of the tiny grid, each op timed once (no extra rounds for short ops)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench_rows_measure, "ROUND_BUDGET_S", 0.0)
+        return run_rows("--rows-grid", "tiny", "--repeats", "1", "--json")
+
+
+def test_tiny_grid_is_the_one_the_expectations_count() -> None:
+    grid = GRIDS["tiny"]
+    assert (grid.page_size, grid.cp_sizes, grid.histories, grid.chunk) == (
+        PAGE,
+        (CP,),
+        (HISTORY,),
+        CHUNK,
+    )
+
+
+def test_every_figure_moves_the_bytes_counted_by_hand(tiny_bf16: Any) -> None:
+    row = ROWS["auto"]
+    seen = set()
+    for entry in tiny_bf16["real_rows"]:
+        point = (entry["bs"], entry["shared_prefix"])
+        key = (entry["op"], entry["variant"])
+        rows = expected_rows(*point)[key]
+        width = HIDDEN_ROW if entry["op"] == "tail" else row
+        assert entry["bytes"] == rows * width, (point, key, entry["bytes"] / width, rows)
+        assert entry["gb_per_s"] == pytest.approx(entry["bytes"] / entry["seconds"] / 1e9)
+        seen.add((*point, *key))
+    expected = {(*p, *k) for p in ((1, False), (2, False), (2, True)) for k in expected_rows(*p)}
+    assert seen == expected
+
+
+def test_fp8_rows_are_656_plus_132_bytes() -> None:
+    """The ops' byte counts (what the entries report) at fp8_e4m3, without timing them."""
+    model = model_preset("deepseek-v3.2")
+    fmt = row_format(model, KvCacheDtype.FP8_E4M3)
+    assert fmt.row_bytes == ROWS["fp8_e4m3"]
+    assert (fmt.latent.dtype, fmt.latent.width) == (torch.uint8, 656)
+    grid = GRIDS["tiny"]
+    for point in grid.points():
+        setup = PointSetup(model, fmt, point, grid, "cpu")
+        comm = RankAlone(0, point.cp_size)
+        ops = [*sharded_ops(setup, comm, model.num_layers)]
+        if not point.shared_prefix:
+            ops += [*replicated_ops(setup, comm), *chunk_ops(setup)]
+        expected = expected_rows(point.bs, point.shared_prefix)
+        assert {(op.op, op.variant) for op in ops} == set(expected)
+        for op in ops:
+            width = HIDDEN_ROW if op.op == "tail" else ROWS["fp8_e4m3"]
+            assert op.bytes == expected[(op.op, op.variant)] * width, (point, op.op, op.variant)
+
+
+def test_view_scratch_is_what_the_plan_budgets(tiny_bf16: Any) -> None:
+    """Balanced owners: the measured send slots and view equal ``cpkv plan``'s scratch."""
+    views = [e for e in tiny_bf16["real_rows"] if e["op"] == "view" and not e["shared_prefix"]]
+    assert len(views) == 8
+    for entry in views:
+        assert entry["scratch_bytes"] == entry["planned_scratch_bytes"] == entry["bytes"], entry
+    direct = next(e for e in tiny_bf16["real_rows"] if e["variant"] == "direct")
+    assert direct["op"] == "write" and direct["scratch_bytes"] == 0  # no gather of its rows
+
+
+def test_unique_remap_wins_bytes_only_with_a_shared_prefix(tiny_bf16: Any) -> None:
+    verdicts = tiny_bf16["slot_vs_unique"]
+    assert {(v["bs"], v["shared_prefix"], v["read"]) for v in verdicts} == {
+        (bs, shared, read)
+        for bs, shared in ((1, False), (2, False), (2, True))
+        for read in ("gather", "peer-read")
+    }
+    for v in verdicts:
+        layers = tiny_bf16["real_rows_setup"]["num_layers"]
+        assert layers == 61
+        if v["shared_prefix"]:
+            assert v["unique_bytes"] < v["slot_bytes"], v
+        else:
+            assert v["unique_bytes"] == v["slot_bytes"], v
+
+
+def test_projection_has_every_level_of_every_point(tiny_bf16: Any) -> None:
+    rows = tiny_bf16["real_rows_projection"]
+    assert len(rows) == 2 * 3 * 6  # (bs 1, bs 2) x (slot, unique, peer-read) x levels 0..5
+    own = {
+        (e["bs"], e["op"], e["variant"]): e["bytes"]
+        for e in tiny_bf16["real_rows"]
+        if not e["shared_prefix"]
+    }
+    for r in rows:
+        bs = r["bs"]
+        if r["level"] == 0:
+            per_layer = own[(bs, "write", "replicated")] + own[(bs, "rollback-save", "replicated")]
+            assert r["bytes"] == 61 * per_layer + own[(bs, "tail", "full")]
+            assert r["seconds_vs_level0"] == 0.0
+        if r["level"] == 5 and r["read"] == "slot":
+            per_layer = sum(
+                own[(bs, op, variant)]
+                for op, variant in (("write", "direct"), ("rollback-save", "direct"))
+            )
+            per_layer += own[(bs, "view", "slot")]
+            assert r["bytes"] == 61 * per_layer + own[(bs, "tail", "narrow")]
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--rows", "nope"], "unknown model preset 'nope'"),
+        (["--rows", "glm-5", "--device", "meta"], "moves none"),
+        (["--rows", "glm-5", "--rows-grid", "huge"], "--rows-grid 'huge'"),
+        (["--rows", "glm-5", "--kv-cache-dtype", "fp4"], "kv_cache_dtype must be one of"),
+        (["--rows", "glm-5", "--out", "plots"], "with --rows use --json"),
+    ],
+)
+def test_rows_refuses_bad_input_before_running(args: list[str], match: str) -> None:
+    result = CliRunner().invoke(app, ["bench", *args])
+    assert result.exit_code == 2, result.output
+    assert match in result.stderr
