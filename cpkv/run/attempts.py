@@ -20,7 +20,7 @@ import torch
 from cpkv.run.batch_commit import DIFFERS, rank_state, roll_back
 from cpkv.run.jobs import RankJob, final_seq_lens
 from cpkv.run.loop import HostLoop, LoopStep
-from cpkv.run.recovery import FailedAttempt, PhaseKill, Recovery
+from cpkv.run.recovery import FailedAttempt, PhaseKill, Recovery, recover
 from cpkv_core.dist import Communicator, broadcast_value
 from cpkv_core.pd import PdSender
 from cpkv_core.planning import BatchSpec
@@ -124,7 +124,9 @@ class LevelAttempts:
         failure, batch = failed.failure, step.scheduled.batch
         if DIFFERS in note:
             raise RankFault(self.comm.rank, self.level, batch, failed, note) from failed
-        decided = self.loop.recover(step, failure) if self.loop is not None else None
+        decided = None
+        if self.loop is not None:
+            decided = recover(self.loop.gate, step.scheduled, step.decision, failure)
         recovery: Recovery = broadcast_value(self.comm, decided, Recovery, "recovery")
         if recovery.stop:
             raise RunStopped(

@@ -107,8 +107,9 @@ class FailureSummary:
             for r in self.reruns
         )
         head = (
-            f"{label}: {_count(self.rerun_count, 'rerun')}, {self.lost_seconds:.2f} s lost in failed "
-            f"attempts, {self.rerun_seconds:.2f} s in the reruns, "
+            f"{label}: {_count(self.rerun_count, 'rerun')}, "
+            f"{self.lost_seconds:.2f} s lost in failed attempts, "
+            f"{self.rerun_seconds:.2f} s in the reruns, "
             f"{_count(self.batches_lost, 'batch', 'batches')} lost"
         )
         tail = ""

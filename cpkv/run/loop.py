@@ -4,7 +4,8 @@ Each batch is scheduled against the state the earlier batches left (the only all
 then the gate decides it from the runtime state it holds (enabled set, ceiling, kill
 switches tripped so far). Ranks then plan and run it; what they report can trip a switch
 before the next batch is decided, and a batch that failed on every rank's agreement trips
-one before it is decided again (``recover``). ``explain`` drives the same loop without tensors.
+one before it is decided again (``recovery.recover``). ``explain`` drives the same loop
+without tensors.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import hashlib
 from dataclasses import dataclass
 from itertools import combinations
 
-from cpkv.run.recovery import Recovery, recover
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec, ScheduledBatch, Scheduler
-from cpkv_core.runtime import BatchFailure, ShadowOutcome, ShadowPlan
+from cpkv_core.runtime import ShadowOutcome, ShadowPlan
 from phases import BatchPlan, Gate, PhaseId
 
 SHADOWED = (
@@ -84,11 +84,6 @@ class HostLoop:
         """Undoes ``batch``, the last one stepped, after its run failed on some rank: the
         scheduler is as before it (the gate's state changes only on ``report``)."""
         self.scheduler.rollback(batch)
-
-    def recover(self, step: LoopStep, failure: BatchFailure) -> Recovery:
-        """After ``step``'s batch failed on every rank's agreement (and was rolled back):
-        trips the switch of the phase to drop, or says why the run stops (``recovery``)."""
-        return recover(self.gate, step.scheduled, step.decision, failure)
 
     def report(self, batch: int, outcome: ShadowOutcome | None) -> None:
         """Trips the kill switch of every phase the batch's shadow comparison caught."""

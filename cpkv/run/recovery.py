@@ -81,7 +81,7 @@ def recover(
         attributed=found.attributed,
         points=tuple(str(p) for p in failure.points),
         ranks=failure.ranks,
-        message=failure.messages[0] if failure.messages else "",
+        message=failure.messages[0],
     )
     where = ("at", ",".join(kill.points)) if found.attributed else ("attributed", "no")
     ranks = ",".join(map(str, failure.ranks))

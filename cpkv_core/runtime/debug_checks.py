@@ -9,6 +9,8 @@ rank still runs every check's collective; the batch then fails at its commit vot
 commits (``commit``).
 
 - ``check_writes_owned``: a sharded rank writes only token rows of pages it owns.
+- ``check_written``: every current token's row in its owner's pool equals the row the
+  batch computed for it.
 - ``check_view``: every key row a batch reads (history included, whatever the key source:
   own pool, materialized view or reused current chunk) equals the row its owner's pool
   holds for that logical loc after the write.
@@ -116,15 +118,45 @@ class DebugChecks:
         tensors: BatchTensors,
         keys: KVRows,
         layer: int,
+        chunk: KVRows,
     ) -> None:
-        """The per-layer checks, after the write and before attention: each that fires is
-        recorded (a view that differs may be a bad write or a bad read)."""
+        """The per-layer checks, after the write and before attention, each recorded when
+        it fires. ``chunk`` is the current chunk in batch order (the step's gathered rows, or
+        under the ``none`` split its own). Once the written rows are right, a view that
+        differs from the pools is a bad read."""
+        failed = len(self.failures)
         self._record(_WRITE, lambda: self.check_writes_owned(tensors))
         pools = self._gathered_pools(layer)
+        self._record(_WRITE, lambda: self.check_written(batch, chunk, layer, pools))
+        if len(self.failures) > failed:
+            return  # NOTE: the views of a bad write differ too; the write is to blame
         self._record(_READ, lambda: self.check_peer_view(host, tensors, keys, layer, pools))
-        self._record(
-            _READ | _WRITE, lambda: self.check_view(batch, host, tensors, keys, layer, pools)
+        self._record(_READ, lambda: self.check_view(batch, host, tensors, keys, layer, pools))
+
+    def check_written(
+        self, batch: ScheduledBatch, chunk: KVRows, layer: int, pools: KVRows
+    ) -> None:
+        """Every current token's row in its owner's pool equals the row the batch computed
+        for it (``chunk [num_tokens, ...]``, batch order)."""
+        engine = self.engine
+        rank, cp_size, page_size = engine.comm.rank, engine.deploy.cp_size, engine.deploy.page_size
+        locs = np.concatenate(
+            [
+                request_locs(batch, i, req.prefix_len, req.seq_len)
+                for i, req in enumerate(batch.requests)
+            ]
         )
+        sharded = engine.kv_layout is KvLayout.SHARDED
+        rows = physical_loc(locs, page_size, cp_size) if sharded else locs
+        owners = owner_of_loc(locs, page_size, cp_size)
+        truth = torch.from_numpy(owners * len(engine.pool.layers[layer]) + rows)
+        same = _same_rows(chunk, pools.select(truth.to(chunk.latent.device)))
+        if not same.all():
+            bad = locs[~same][:8].tolist()
+            raise RuntimeError(
+                f"rank {rank} layer {layer}: {int((~same).sum())} rows the batch computed "
+                f"differ from their owners' pools after the write, logical locs {bad}"
+            )
 
     def _gathered_pools(self, layer: int) -> KVRows:
         """Every rank's pool layer, gathered (a collective: every rank calls it)."""

@@ -31,7 +31,7 @@ from cpkv_core.planning import (
     owner_of_page,
 )
 from cpkv_core.runtime.collect import COLLECTORS, all_gather_tokens, gather_current
-from cpkv_core.runtime.debug_checks import DebugChecks
+from cpkv_core.runtime.debug_checks import DEBUG_TAG, DebugChecks
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
 from cpkv_core.runtime.faults import Fault
 from cpkv_core.runtime.history_views import HistoryViews
@@ -253,7 +253,10 @@ class CPEngine:
         if reads is not None:
             reads.append(keys.select(tensors.key_rows))
         if self.debug is not None and batch is not None:
-            self.debug.check_layer(batch, host, tensors, keys, index)
+            chunk = current
+            if not (host.gathers_current or host.strategies.computes_every_token):
+                chunk = gather_current(self.comm, own, host, tensors, DEBUG_TAG)
+            self.debug.check_layer(batch, host, tensors, keys, index, chunk)
         attn, topk = attend_local(self.cfg, proj, host, tensors, keys)
         return finish_layer(layer, hidden, attn), topk
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from cpkv_core.dist.comm import Communicator
-from cpkv_core.dist.value_collectives import gather_value
+from cpkv_core.dist.value_collectives import broadcast_value, gather_value
 from cpkv_core.planning import DecisionPoint
 
 __all__ = [
@@ -117,14 +117,13 @@ class BatchFailure:
     ranks: tuple[int, ...]
     """The ranks that failed."""
     messages: tuple[str, ...]
-    """Each failing rank's message, in ``ranks`` order (rank 0 only; empty elsewhere)."""
+    """Each failing rank's message, in ``ranks`` order."""
 
     def describe(self) -> str:
         """``cause=error ranks=1 at=kv_write: PathError: ...`` (rank 0's words)."""
         at = f" at={','.join(self.points)}" if self.points else ""
         ranks = ",".join(map(str, self.ranks))
-        said = f": {self.messages[0]}" if self.messages else ""
-        return f"cause={self.cause} ranks={ranks}{at}{said}"
+        return f"cause={self.cause} ranks={ranks}{at}: {self.messages[0]}"
 
 
 class BatchFailed(RuntimeError):
@@ -151,12 +150,14 @@ def _points(mask: int) -> frozenset[DecisionPoint]:
 def agree(comm: Communicator, batch: int, local: LocalFailure | None) -> BatchFailure | None:
     """The group's verdict on ``batch`` from every rank's ``local`` failure (None: this rank
     did not fail): None when no rank failed. Every rank of the group calls it together; on
-    a failure each rank's message is gathered to rank 0 too."""
+    a failure every rank also gets every failing rank's message, so the verdict is the same
+    on every rank."""
     votes = comm.all_gather_ints(_vote(local))
     failing = tuple(rank for rank, vote in enumerate(votes) if vote[0])
     if not failing:
         return None
     said = gather_value(comm, "" if local is None else local.message, str, "failure message")
+    said = broadcast_value(comm, said, list[str], "failure messages")
     cause = min(votes[rank][1] for rank in failing)
     sightings = [(_points(v[2]), bool(v[3])) for v in votes if v[0] and v[1] == cause]
     points, _ = _where(sightings)
@@ -165,5 +166,5 @@ def agree(comm: Communicator, batch: int, local: LocalFailure | None) -> BatchFa
         cause=_CAUSES[cause],
         points=tuple(p for p in _POINTS if p in points),
         ranks=failing,
-        messages=() if said is None else tuple(said[rank] for rank in failing),
+        messages=tuple(said[rank] for rank in failing),
     )
