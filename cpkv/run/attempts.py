@@ -135,6 +135,9 @@ class LevelAttempts:
                 + "".join(f"; phase {k.phase} was dropped for it first" for k in self._for(batch))
             ) from failed
         if recovery.kill is not None:
+            # NOTE: the bounds: a phase is killed once, a batch rerun once per phase killed.
+            killed = {k.phase for k in self.kills}
+            assert recovery.kill.phase not in killed, f"phase {recovery.kill.phase} killed twice"
             self.kills.append(recovery.kill)
             cause, seconds = str(failure.cause), time.perf_counter() - began
             self.failed.append(FailedAttempt(batch, step.decision.phase, cause, seconds))

@@ -1,5 +1,5 @@
 """What rank 0 decides when every rank agreed that a batch failed: which phase to drop, or
-stop ([reliability.md](../../docs/reliability.md#failed-batches)).
+stop (``docs/reliability.md``, "Failed batches").
 
 The failure's points name the suspects (``phases.attribution``); the highest that can be
 dropped is killed with a structured reason (``KILLED cause=error batch=3 ranks=1
@@ -91,12 +91,12 @@ def recover(
 
 def _why_none(found: Suspects, failure: BatchFailure) -> str:
     """Why no suspect can be dropped."""
-    if found.kept:
-        kept = ", ".join(str(int(p)) for p in found.kept)
-        return (
-            f"the failure is in phase {kept}'s path, which cannot be dropped for one batch "
-            "(its fallback needs KV at rest laid out otherwise)"
-        )
-    if failure.points:
+    kept = ", ".join(str(int(p)) for p in found.kept)
+    stays = "cannot be dropped for one batch (its fallback needs KV at rest laid out otherwise)"
+    if found.attributed and found.kept:
+        return f"the failure is in phase {kept}'s path, which {stays}"
+    if found.attributed:
         return f"the failure is in phase 0's path ({','.join(failure.points)})"
-    return "no phase is active for the batch"
+    if found.kept:
+        return f"the failure could not be told, and the only active phase left, {kept}, {stays}"
+    return "the failure could not be told, and no phase is active for the batch"
