@@ -120,6 +120,7 @@ def test_a_debug_check_kills_the_phase_it_blames() -> None:
     assert not verify_long("5:owner").ok
     report = verify_long("5:owner", debug=True)
     assert report.ok and kills_of(report) == [(5, 0, "debug_check", ("kv_write",), True)]
+    assert report.failures.fault_caught and not report.failures.failing
     (kill,) = report.failures.kills
     assert kill.kill.ranks == (0, 1)
     assert "differ from their owners' pools after the write" in kill.kill.message

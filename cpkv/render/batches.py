@@ -95,7 +95,7 @@ def print_failures(
     console: Console, failures: FailureSummary | None, label: str = "failures"
 ) -> None:
     """The failed batches' summary, when a batch failed or a failing fault was injected."""
-    if failures is not None and (failures.kills or failures.fault is not None):
+    if failures is not None and failures.shown:
         console.print(failures.text(label), highlight=False, markup=False)
 
 

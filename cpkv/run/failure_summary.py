@@ -41,11 +41,19 @@ class FailureSummary:
     """The failed batches of a run, over every level."""
 
     fault: str | None
-    """An injected fault of a failing kind (``raise``, ``nonfinite``), if any."""
+    """The injected fault, ``PHASE:KIND[@BATCH]``, if any."""
+    failing: bool
+    """The fault is of a failing kind (``raise``, ``nonfinite``): failed batches are how it
+    is caught. A data-corrupting one is shadow's, or the debug checks' when they are on."""
     kills: tuple[LevelKill, ...]
     reruns: tuple[Rerun, ...]
     batches_lost: int
     """Batches of the trace with no delivered output (a run that loses one stops)."""
+
+    @property
+    def shown(self) -> bool:
+        """Whether a report prints it: a batch failed, or a failing fault was injected."""
+        return bool(self.kills) or (self.fault is not None and self.failing)
 
     @property
     def rerun_count(self) -> int:
@@ -75,6 +83,7 @@ class FailureSummary:
         return {
             "fault": self.fault,
             "fault_caught": self.fault_caught,
+            "fault_fails_batches": self.failing,
             "kills": [
                 {"level": k.level, **asdict(k.kill), "replay": k.kill.replay} for k in self.kills
             ],
@@ -113,7 +122,7 @@ class FailureSummary:
             f"{_count(self.batches_lost, 'batch', 'batches')} lost"
         )
         tail = ""
-        if self.fault is not None:
+        if self.fault is not None and (self.failing or self.fault_caught):
             caught = "CAUGHT" if self.fault_caught else "NOT caught"
             tail = f"; injected fault {self.fault}: {caught}"
         return head + kills + reruns + tail
@@ -130,11 +139,6 @@ def _words(kill: PhaseKill) -> str:
     return f"cause={kill.cause} ranks={ranks} {where}: {kill.message}"
 
 
-def failure_fault(fault: Fault | None) -> str | None:
-    """The fault a failure summary reports: one of a failing kind."""
-    return fault_text(fault) if fault is not None and fault.kind in FAILING_KINDS else None
-
-
 def summarize_failures(
     fault: Fault | None, levels: Sequence[int], runs: Sequence[LevelRun], batches: int
 ) -> FailureSummary:
@@ -149,4 +153,5 @@ def summarize_failures(
                 seconds = run.rank_outputs[i][0].seconds
                 reruns.append(Rerun(level, number, failed, step.decision.phase, seconds))
     lost = len(levels) * batches - sum(len(run.outputs) for run in runs)
-    return FailureSummary(failure_fault(fault), tuple(kills), tuple(reruns), lost)
+    failing = fault is not None and fault.kind in FAILING_KINDS
+    return FailureSummary(fault_text(fault), failing, tuple(kills), tuple(reruns), lost)
