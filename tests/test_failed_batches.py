@@ -25,9 +25,11 @@ from cpkv.run.runner import _job_runs, run_jobs_rank
 from cpkv.run.shadow import parse_fault
 from cpkv.run.verify import VerifyReport, verify_levels, verify_runs
 from cpkv_core.config import model_preset
-from cpkv_core.dist import spawn_group
-from cpkv_core.planning import pages_for_trace
+from cpkv_core.dist import run_local, spawn_group
+from cpkv_core.planning import DecisionPoint, pages_for_trace
+from cpkv_core.runtime import FailureCause, LocalFailure
 from cpkv_core.runtime import engine as engine_mod
+from cpkv_core.runtime.failures import agree
 from cpkv_core.traces import load_trace
 from phases import BatchPlan, PhaseId
 from phases.registry import REGISTERED_PHASES
@@ -114,17 +116,46 @@ def test_nonfinite_values_are_blamed_where_they_are_seen() -> None:
     ]
 
 
-def test_a_debug_check_kills_the_phase_it_blames() -> None:
+@pytest.mark.parametrize(("fault", "batch"), [("5:owner", 0), ("5:drop@3", 3)])
+def test_a_debug_check_kills_the_phase_it_blames(fault: str, batch: int) -> None:
     """``5:owner`` leaves a page its owner never holds: the batch's own outputs are right, so
-    without shadow only the debug checks see it (unguarded, a later batch reads it)."""
-    assert not verify_long("5:owner").ok
-    report = verify_long("5:owner", debug=True)
-    assert report.ok and kills_of(report) == [(5, 0, "debug_check", ("kv_write",), True)]
+    without shadow only the debug checks see it (unguarded, a later batch reads it). What
+    the checks recorded of a failed attempt is dropped with it: ``5:drop@3``'s missing row
+    would fail the rerun's coverage check otherwise."""
+    if batch == 0:
+        assert not verify_long(fault).ok
+    report = verify_long(fault, debug=True)
+    assert report.ok and kills_of(report) == [(5, batch, "debug_check", ("kv_write",), True)]
     assert report.failures.fault_caught and not report.failures.failing
     (kill,) = report.failures.kills
     assert kill.kill.ranks == (0, 1)
     assert "differ from their owners' pools after the write" in kill.kill.message
-    assert report.levels[0].rows[0].batch_plan.phase == 4
+    assert report.levels[0].rows[batch].batch_plan.phase == 4
+
+
+def test_the_verdict_names_a_point_only_when_no_rank_saw_the_failure_before_it() -> None:
+    """A rank whose outputs are NaN after a finite tail input blames the tail, unless
+    another rank saw NaNs before it; a certain sighting (a NaN row written) wins."""
+    tail = LocalFailure(FailureCause.NONFINITE, frozenset({DecisionPoint.OUTPUT}), "t", False)
+    upstream = LocalFailure(FailureCause.NONFINITE, frozenset(), "u", False)
+    write = LocalFailure(FailureCause.NONFINITE, frozenset({DecisionPoint.KV_WRITE}), "w")
+    error = LocalFailure(FailureCause.ERROR, frozenset({DecisionPoint.SPLIT}), "e")
+    cases = [
+        ((tail, None), ("nonfinite", ("output",), (0,))),
+        ((tail, upstream), ("nonfinite", (), (0, 1))),
+        ((upstream, write), ("nonfinite", ("kv_write",), (0, 1))),
+        ((write, error), ("error", ("split",), (0, 1))),
+        ((None, None), None),
+    ]
+    for votes, want in cases:
+        got = run_local(2, lambda comm, votes=votes: agree(comm, 7, votes[comm.rank]))
+        assert got[0] == got[1], "every rank holds the same verdict"
+        verdict = got[0]
+        if want is None:
+            assert verdict is None
+            continue
+        assert verdict is not None and verdict.batch == 7
+        assert (verdict.cause, verdict.points, verdict.ranks) == want, votes
 
 
 def _failing_write(rank: int) -> Callable[..., None]:
