@@ -7,8 +7,9 @@ the rank's own pool or the gathered current chunk, and the tail once its gather 
 exception there is recorded with its point, and the step goes on with what it already
 holds, so every later collective still meets its peers; the batch then fails at the commit
 vote on every rank. After the step, ``verdict`` adds the debug checks' failures and the
-non-finite checks: the rows the batch wrote (attributed to the write), and the outputs
-(attributed to the tail when its input was finite on this rank, else to no point).
+non-finite checks: the rows the batch wrote (blamed on the write, for certain), the hidden
+states before the tail (blamed on no point: it cannot be told), and the outputs after it
+(blamed on the tail, unless another rank saw a NaN before it: ``failures.agree``).
 """
 
 from __future__ import annotations
