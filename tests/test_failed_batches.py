@@ -6,6 +6,7 @@ In-process ranks, then one gloo group for every case that must hold on real proc
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -42,7 +43,10 @@ BATCHES = load_trace(LONG, 4).batches
 runner = CliRunner()
 
 
+@functools.cache
 def verify_long(fault: str | None, levels: tuple[int, ...] = (5,), debug: bool = False) -> Any:
+    """The run of ``long.jsonl`` at ``levels`` with ``fault`` (one run per arguments: the
+    tests that read the same run share it)."""
     return verify_levels(
         TINY,
         make_deploy(2, 4),
@@ -102,8 +106,8 @@ def test_a_raise_in_a_phase_kills_it_and_reruns_the_batch(
 def test_nonfinite_values_are_blamed_where_they_are_seen() -> None:
     written = verify_long("5:nonfinite")
     assert written.ok and kills_of(written) == [(5, 0, "nonfinite", ("kv_write",), True)]
-    tail = verify_long("1:nonfinite")
-    assert tail.ok and kills_of(tail) == [(1, 0, "nonfinite", ("output",), True)]
+    # NOTE: NaN outputs after a finite tail input (1:nonfinite) are blamed on the tail in
+    # test_every_rank_agrees_on_gloo.
     # NaN reused keys make NaN hidden states: which phase cannot be told, so the highest
     # active phase is dropped, then the next, each once, until the rerun is clean.
     unknown = verify_long("3:nonfinite")
@@ -176,9 +180,9 @@ def test_a_failure_with_no_phase_left_to_drop_stops_the_run_named(
     monkeypatch.setattr(engine_mod, "write_rows", _failing_write(1))
     head = r"batch 0 \(level {}\) failed with cause=error ranks=1 at=kv_write: OSError: disk"
     with pytest.raises(RuntimeError, match=head.format(2) + r".*phase 2's path, which cannot"):
-        verify_long(None, levels=(2,))
+        verify_long.__wrapped__(None, levels=(2,))  # NOTE: patched: never cached
     with pytest.raises(RuntimeError, match=head.format(0) + r".*phase 0's path \(kv_write\)"):
-        verify_long(None, levels=(0,))
+        verify_long.__wrapped__(None, levels=(0,))
 
 
 def test_a_failure_that_cannot_be_told_drops_every_phase_once_then_stops(
@@ -203,7 +207,7 @@ def test_a_failure_that_cannot_be_told_drops_every_phase_once_then_stops(
 
     monkeypatch.setattr(engine_mod, "finish_layer", finish)
     with pytest.raises(RuntimeError) as caught:
-        verify_long(None)
+        verify_long.__wrapped__(None)
     message = str(caught.value)
     assert "batch 1 (level 5) failed with cause=nonfinite ranks=" in message
     assert "the only active phase left, 2, cannot be dropped" in message
