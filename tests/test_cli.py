@@ -119,12 +119,20 @@ def test_cuda_device_is_refused_without_one(mixed_trace_path: Path) -> None:
 
 @pytest.mark.gloo
 def test_demo_runs_every_level_and_pd_and_reports_a_verdict() -> None:
-    result = runner.invoke(app, ["demo", "--backend", "local", "--cp-size", "2", "--json"])
+    """Every level and PD, with phase 1 failing in batch 4 on one rank: it is killed and the
+    batch rerun at every level that has it, and in the PD prefill."""
+    args = ["demo", "--backend", "local", "--cp-size", "2", "--inject-fault", "1:raise@4"]
+    result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["ok"] is True and [lv["level"] for lv in doc["levels"]] == [0, 1, 2, 3, 4, 5]
     assert 5 in {b["phase"] for b in doc["batches"] if b["level"] == 5}
     assert doc["pd"]["ok"] is True and len(doc["pd"]["requests"]) == 8
+    for failures, levels in ((doc["failures"], [1, 2, 3, 4, 5]), (doc["pd"]["failures"], [5])):
+        assert [(k["level"], k["phase"], k["batch"]) for k in failures["kills"]] == [
+            (level, 1, 4) for level in levels
+        ]
+        assert failures["rerun_count"] == len(levels) and failures["batches_lost"] == 0
 
 
 @pytest.mark.parametrize(

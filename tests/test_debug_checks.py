@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,14 @@ CURRENT_ONLY = parse_trace_text(
 ).batches
 
 
-def run(batches: tuple[BatchSpec, ...], level: int, cp_size: int = 2) -> bool:
-    report = verify_levels(
+def verify(batches: tuple[BatchSpec, ...], level: int, cp_size: int = 2) -> VerifyReport:
+    return verify_levels(
         TINY, make_deploy(cp_size, 4), batches, (level,), ALL, Backend.LOCAL, debug_checks=True
     )
-    return report.ok
+
+
+def run(batches: tuple[BatchSpec, ...], level: int, cp_size: int = 2) -> bool:
+    return verify(batches, level, cp_size).ok
 
 
 def drop_last_write(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -75,14 +79,30 @@ def test_checks_pass_on_correct_runs_at_every_level() -> None:
         assert run(batches, level, cp_size=3), level
 
 
-def test_view_check_catches_a_dropped_write_in_a_current_only_batch(
+def test_written_check_catches_a_dropped_write_and_stops_the_run_in_phase_2(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Phase 3 reads the gathered chunk, not the pool: only a check against the owners'
-    pools sees that a row never reached its owner."""
+    pools sees that a row never reached its owner. The write every strategy does is
+    phase 2's at level 3, which a batch cannot drop: the run stops, named."""
     drop_last_write(monkeypatch)
-    with pytest.raises(RuntimeError, match=r"key rows read \(current\) differ from their owners"):
+    words = r"rows the batch computed differ from their owners' pools[\s\S]*phase 2's path"
+    with pytest.raises(RuntimeError, match=words):
         run(CURRENT_ONLY, level=3)
+
+
+def test_view_check_catches_a_dropped_write_in_a_current_only_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the written check off, the view check still sees the row missing from its
+    owner's pool; it blames the read, so phase 3 is killed and the batch rerun."""
+    drop_last_write(monkeypatch)
+    monkeypatch.setattr(DebugChecks, "check_written", lambda *args: None)
+    report = verify(CURRENT_ONLY, level=3)
+    assert report.failures is not None
+    (kill,) = [k.kill for k in report.failures.kills]
+    assert (kill.phase, kill.cause, kill.points) == (3, "debug_check", ("kv_read",))
+    assert re.search(r"key rows read \(current\) differ from their owners", kill.message)
 
 
 def test_view_check_catches_a_wrong_history_row(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,9 +142,10 @@ def test_write_check_catches_a_write_to_a_foreign_page(monkeypatch: pytest.Monke
 def test_coverage_check_catches_one_missing_token_row(
     level: int, words: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With the view check off, coverage alone must see one token row missing from a page
-    that other rows of the batch did write (a per-page record passes it)."""
+    """With the view and written checks off, coverage alone must see one token row missing
+    from a page that other rows of the batch did write (a per-page record passes it)."""
     monkeypatch.setattr(DebugChecks, "check_view", lambda *args: None)
+    monkeypatch.setattr(DebugChecks, "check_written", lambda *args: None)
     drop_last_planned_write(monkeypatch)
     with pytest.raises(RuntimeError, match=words):
         run(CURRENT_ONLY, level=level)

@@ -1,4 +1,5 @@
-"""Comparisons fail on NaN or Inf anywhere in an output, whatever the cp size."""
+"""Comparisons fail on NaN or Inf anywhere in an output, and an engine whose outputs are NaN
+stops the run before they are compared, whatever the cp size."""
 
 from __future__ import annotations
 
@@ -44,11 +45,14 @@ def test_comparison_fails_on_all_nan_outputs() -> None:
 
 
 @pytest.mark.parametrize("cp_size", [1, 2, 3, 4])
-def test_verify_fails_when_the_engine_outputs_nan(
+def test_an_engine_that_outputs_nan_stops_the_run_named(
     cp_size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At cp 1 nothing else compares the outputs; at cp > 1 the ranks agree on the NaN (they
-    computed it alike), so the failure must come from the comparison, not a collection bug."""
+    """NaN outputs are caught before the batch commits, whatever the cp size (at cp 1 no
+    other rank compares them): they are blamed on the tail, whose input was finite; where
+    the batch took phase 1's narrow tail it is dropped and the batch rerun on the full
+    gather, which fails too. Phase 0's tail has no fallback: the run stops, named, and no
+    NaN output reaches the comparison."""
 
     def nan_head(weights: ModelWeights, last_hidden: Tensor) -> tuple[Tensor, Tensor]:
         normed, logits = lm_head(weights, last_hidden)
@@ -58,9 +62,10 @@ def test_verify_fails_when_the_engine_outputs_nan(
     deploy = make_deploy(cp_size, 4)
     batches = mixed_trace(4).batches
     enabled = frozenset({PhaseId.NARROW_OUTPUT})
-    report = verify_levels(TINY, deploy, batches, (0, 1), enabled, Backend.LOCAL)
-    assert not report.ok
-    for level in report.levels:
-        assert all(row.comparison.nonfinite > 0 for row in level.rows), level.level
-        assert not level.ok
-    assert report.to_json()["batches"][0]["nonfinite"] > 0
+    words = (
+        r"batch 0 \(level 1\) failed with cause=nonfinite ranks=[0-9,]+ at=output: "
+        r"the batch's outputs hold a NaN or an infinity; no phase is left to drop: the "
+        r"failure is in phase 0's path \(output\)"
+    )
+    with pytest.raises(RuntimeError, match=words):
+        verify_levels(TINY, deploy, batches, (1,), enabled, Backend.LOCAL)

@@ -26,7 +26,6 @@ from cpkv.run.verify import VerifyReport, verify_levels
 from cpkv_core.config import CpMode, DeploymentConfig, MaterializeMode, model_preset
 from cpkv_core.planning.ownership import owner_of_page
 from cpkv_core.planning.peer_view import history_entries, peer_view_plan
-from cpkv_core.runtime import engine as engine_mod
 from cpkv_core.runtime import shared_pools as shared_mod
 from cpkv_core.runtime.shared_pools import (
     PeerReadRefused,
@@ -98,7 +97,7 @@ def test_debug_checks_pass_with_peer_read() -> None:
 
 def stale_peers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each rank maps a snapshot of its peers' pools, not the memory they write."""
-    real = engine_mod.open_shared_pools
+    real = shared_mod.open_shared_pools
 
     def snapshot(*args: Any, **kwargs: Any) -> SharedPools:
         shared = real(*args, **kwargs)
@@ -111,7 +110,7 @@ def stale_peers(monkeypatch: pytest.MonkeyPatch) -> None:
         )
         return dataclasses.replace(shared, peers=copies)
 
-    monkeypatch.setattr(engine_mod, "open_shared_pools", snapshot)
+    monkeypatch.setattr(shared_mod, "open_shared_pools", snapshot)
 
 
 def test_debug_check_catches_a_peer_pool_not_mapped_where_its_owner_writes(
@@ -165,14 +164,14 @@ def test_shared_files_map_peer_pools_and_leave_nothing_in_dev_shm(
     """Rank threads posing as processes share pools through /dev/shm files, as gloo ranks do."""
     per_thread(monkeypatch, host=False)
     opened: list[PoolSharing] = []
-    real = engine_mod.open_shared_pools
+    real = shared_mod.open_shared_pools
 
     def recording(*args: Any, **kwargs: Any) -> SharedPools:
         shared = real(*args, **kwargs)
         opened.append(shared.sharing)
         return shared
 
-    monkeypatch.setattr(engine_mod, "open_shared_pools", recording)
+    monkeypatch.setattr(shared_mod, "open_shared_pools", recording)
     before = set(Path("/dev/shm").glob("cpkv-pool-*"))
     assert run(peer_read(make_deploy(2, 4)), debug=True).ok
     assert set(opened) == {PoolSharing.SHARED_FILE}

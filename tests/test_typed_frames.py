@@ -26,6 +26,7 @@ import torch
 
 from cpkv.run.jobs import BatchProgress, RankJob, RankRun
 from cpkv.run.loop import LoopStep
+from cpkv.run.recovery import FailedAttempt, PhaseKill
 from cpkv.run.runner import RankFault, _run_job, run_jobs_rank
 from cpkv_core.config import MaterializeMode, model_preset
 from cpkv_core.dist import run_local
@@ -67,7 +68,8 @@ def rank_runs() -> list[list[RankRun]]:
 
 
 def _pd_run(template: RankRun) -> RankRun:
-    """A run with every PD record filled in (a PD run needs Mooncake: built by hand)."""
+    """A run with every PD record and a failed batch's records filled in (a PD run needs
+    Mooncake, a failed batch another run: built by hand)."""
     stats = WriteStats(3, 0.5, 0.25, 0.125, 4096, [(1.0, 1.5), (2.0, 2.25)], [1024, 3072], 0.75)
     sent = SendResult("a", 1, True, 2, 4096, True, ("attempt 0: timed out",), (0, -1))
     concurrent = ConcurrentWrite(4096, ((1.0, 2.0), (3.0, 4.5)))
@@ -77,6 +79,8 @@ def _pd_run(template: RankRun) -> RankRun:
         pd_stats=stats,
         pd_probe=LargeWrite(8192, 0.01),
         pd_concurrent=concurrent,
+        kills=(PhaseKill(5, 0, "error", True, ("kv_write",), (1,), "PathError: injected"),),
+        failed=(FailedAttempt(0, 5, "error", 0.25),),
     )
 
 

@@ -16,6 +16,8 @@ part is bigger than the last-level cache anyway, and every peer's part is the ra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -103,6 +105,10 @@ class RankAlone:
     def broadcast_object(self, obj: object) -> object:
         """See ``Communicator.broadcast_object``: this rank's object."""
         return obj
+
+    def all_gather_ints(self, values: Sequence[int]) -> list[tuple[int, ...]]:
+        """See ``Communicator.all_gather_ints``: this rank's values in every slot."""
+        return [tuple(values)] * self.world_size
 
     def gather_bytes(self, data: bytes) -> list[bytes] | None:
         """See ``Communicator.gather_bytes``: this rank's bytes in every slot."""

@@ -20,12 +20,12 @@ from cpkv.commands.shared import RUN_MODEL, dry_run_exit, run_pd_job, run_verify
 from cpkv.common.console import BadInput, bad_input_exits, emit, out
 from cpkv.common.devices import Device, check_device
 from cpkv.common.settings import RunSettings
-from cpkv.render.batches import print_shadow, render_demo
+from cpkv.render.batches import print_failures, print_shadow, render_demo
 from cpkv.render.reports import render_pd
 from cpkv.run.builtin_trace import demo_trace
 from cpkv.run.jobs import Backend
 from cpkv.run.launchers import refuse_torchrun
-from cpkv.run.shadow import parse_fault
+from cpkv.run.shadow import check_fault_batch, parse_fault
 from cpkv.run.verify import verify_job
 from cpkv_core.config import CpMode, DeploymentConfig, model_preset
 from flags import FlagSet, resolve_flags
@@ -87,6 +87,7 @@ def demo_command(
         settings = _demo_settings(deploy, flags, shadow_rate, batch_timeout_s)
         settings = replace(settings, device=str(device), fault=parse_fault(inject_fault))
         trace = demo_trace(page_size)
+        check_fault_batch(settings.fault, trace.batches)
         check_device(device)
         refuse_torchrun("cpkv demo", flags.launcher)
     if device is Device.META:
@@ -107,6 +108,7 @@ def demo_command(
         render_demo(out, report, deploy)
         print_shadow(out, report)
         render_pd(out, pd_report)
+        print_failures(out, pd_report.failures, "pd prefill failures")
 
     emit(as_json, document, render)
     raise typer.Exit(0 if report.ok and pd_report.ok else 1)

@@ -35,9 +35,10 @@ KilledOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--killed",
-        metavar="PHASE@BATCH",
-        help="Replay a kill switch a live run tripped (verify's shadow.kills): PHASE is "
-        "KILLED from the batch after BATCH on. Repeatable.",
+        metavar="PHASE@BATCH[:CAUSE]",
+        help="Replay a kill switch a live run tripped: a shadow kill (verify's shadow.kills) "
+        "is KILLED from the batch after BATCH on; a failed batch's (failures.kills[].replay, "
+        "CAUSE error, debug_check or nonfinite) from BATCH on, as its rerun. Repeatable.",
     ),
 ]
 

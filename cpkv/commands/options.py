@@ -130,9 +130,11 @@ FaultOpt = Annotated[
     str | None,
     typer.Option(
         "--inject-fault",
-        metavar="PHASE[:KIND]",
-        help="Game day: corrupt phase 1, 3, 4 or 5's candidate path (KIND row, drop or "
-        "owner) to prove the shadow guard catches it; use with --shadow-rate 1.",
+        metavar="PHASE[:KIND][@BATCH]",
+        help="Game day on phase 1, 3, 4 or 5's path, in every batch taking it or batch BATCH: "
+        "KIND row, drop or owner corrupts it (use with --shadow-rate 1, or the debug checks); "
+        "raise or nonfinite makes it fail on the last rank (the phase is killed, the batch "
+        "rerun).",
     ),
 ]
 LauncherOpt = Annotated[

@@ -11,8 +11,10 @@ from cpkv.commands.options import PD_OPTIONS, JsonOpt, RunOptions, TraceArg, tak
 from cpkv.commands.shared import dry_run_exit, run_pd_job
 from cpkv.common.console import BadInput, bad_input_exits, emit, out
 from cpkv.common.devices import Device, check_device
+from cpkv.render.batches import print_failures
 from cpkv.render.reports import render_pd
 from cpkv.run.launchers import refuse_torchrun
+from cpkv.run.shadow import check_fault_batch
 from cpkv_core.traces import load_trace
 
 TimeoutOpt = Annotated[
@@ -43,6 +45,7 @@ def pd_command(
     with bad_input_exits():
         settings = run.settings()
         trace = load_trace(trace_path, settings.deploy.page_size)
+        check_fault_batch(settings.fault, trace.batches)
         check_device(run.device)
         refuse_torchrun("cpkv pd", settings.launcher)
         if run.device is Device.CUDA:
@@ -58,6 +61,7 @@ def pd_command(
         render_pd(out, report)
         if report.shadow is not None:
             out.print(report.shadow.text(), highlight=False, markup=False)
+        print_failures(out, report.failures, "prefill failures")
 
     emit(as_json, report.to_json(), render)
     raise typer.Exit(0 if report.ok else 1)

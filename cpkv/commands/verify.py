@@ -20,6 +20,7 @@ from cpkv.run.explain import sharded_trace_warnings
 from cpkv.run.jobs import RankJob
 from cpkv.run.launchers import dist_backend, torchrun_worker
 from cpkv.run.runner import run_jobs_in_group
+from cpkv.run.shadow import check_fault_batch
 from cpkv.run.verify import VerifyReport, verify_job, verify_runs
 from cpkv_core.dist import TorchrunEnv, TorchrunGroup
 from cpkv_core.traces import load_trace
@@ -35,6 +36,7 @@ def verify_command(trace_path: TraceArg, run: RunOptions, as_json: JsonOpt = Fal
         settings = run.settings()
         model = runnable_model(run.model_name)
         trace = load_trace(trace_path, settings.deploy.page_size)
+        check_fault_batch(settings.fault, trace.batches)
         check_device(run.device)
         worker = torchrun_worker(
             settings.launcher, run.backend, settings.deploy.cp_size, run.device

@@ -19,6 +19,7 @@ from cpkv.render.cells import (
     short_bytes,
 )
 from cpkv.run.explain import ExplainReport
+from cpkv.run.failure_summary import FailureSummary
 from cpkv.run.verify import VerifyReport, shadow_summary
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec
@@ -82,10 +83,20 @@ def render_verify(console: Console, report: VerifyReport, deploy: DeploymentConf
 
 
 def print_shadow(console: Console, report: VerifyReport) -> None:
-    """The shadow summary, when the run shadowed batches or injected a fault."""
+    """The shadow summary, when the run shadowed batches or injected a fault, then the
+    failed batches' summary when a batch failed or a failing fault was injected."""
     summary = shadow_summary(report)
     if summary.rate > 0 or summary.fault is not None:
         console.print(summary.text(), highlight=False, markup=False)
+    print_failures(console, report.failures)
+
+
+def print_failures(
+    console: Console, failures: FailureSummary | None, label: str = "failures"
+) -> None:
+    """The failed batches' summary, when a batch failed or a failing fault was injected."""
+    if failures is not None and failures.shown:
+        console.print(failures.text(label), highlight=False, markup=False)
 
 
 def render_demo(console: Console, report: VerifyReport, deploy: DeploymentConfig) -> None:

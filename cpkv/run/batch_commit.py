@@ -17,6 +17,9 @@ from cpkv.run.loop import HostLoop
 from cpkv_core.planning import SchedulerState
 from cpkv_core.runtime import CPEngine
 
+DIFFERS = "the state differs from before it"
+"""What a rollback note says when the state is not as before the batch (a bug)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RankState:
@@ -49,7 +52,8 @@ def rank_state(engine: CPEngine, scheduler: SchedulerState | None) -> RankState:
 
 def roll_back(engine: CPEngine, loop: HostLoop | None, batch: int, before: RankState | None) -> str:
     """Rolls the scheduler back after ``batch`` failed (the engine has restored its pool
-    already) and says what was checked: the note a ``RankFault`` carries."""
+    already) and says what was checked: the note a ``RankFault`` carries (it holds
+    ``DIFFERS`` when the state is not as before the batch)."""
     if loop is not None:
         loop.rollback(batch)
     if before is None:
@@ -61,5 +65,5 @@ def roll_back(engine: CPEngine, loop: HostLoop | None, batch: int, before: RankS
         if getattr(before, name) != getattr(after, name)
     ]
     if differ:
-        return f"batch {batch} rolled back, but the state differs from before it: {differ}"
+        return f"batch {batch} rolled back, but {DIFFERS}: {differ}"
     return f"batch {batch} rolled back: pool, requests and scheduler as before it (checked)"

@@ -14,7 +14,11 @@ from cpkv.run.reason_codes import count_codes
 from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec, pages_for_trace
 from cpkv_core.planning.chunking import mid_page_warning
+from cpkv_core.runtime import FailureCause
 from phases import BatchPlan, PhaseId
+
+CAUSES = tuple(str(c) for c in FailureCause)
+"""What ``--killed PHASE@BATCH:CAUSE`` takes."""
 
 
 def plan_to_json(plan: BatchPlan) -> dict[str, Any]:
@@ -83,7 +87,9 @@ class ExplainReport:
             "deployment": self.deploy.model_dump(mode="json"),
             "enabled": sorted(int(p) for p in self.enabled),
             "ceiling": self.ceiling,
-            "killed": [{"phase": int(k.phase), "batch": k.batch} for k in self.killed],
+            "killed": [
+                {"phase": int(k.phase), "batch": k.batch, "cause": k.cause} for k in self.killed
+            ],
             "warnings": list(self.warnings),
         }
         if not summary_only:
@@ -97,10 +103,14 @@ class ExplainReport:
 
 @dataclass(frozen=True, slots=True)
 class ReplayedKill:
-    """A kill switch to trip while explaining: ``phase`` after batch ``batch`` (``--killed``)."""
+    """A kill switch to trip while explaining (``--killed``): ``phase`` after batch
+    ``batch`` (a shadow kill), or before it when ``cause`` names a failed batch's kill."""
 
     phase: PhaseId
     batch: int
+    cause: str | None = None
+    """``error``, ``debug_check`` or ``nonfinite``: the batch failed in the phase's path
+    and was rerun without it; None: a shadow mismatch (the batch was served)."""
 
 
 def parse_killed(texts: Sequence[str], batches: Sequence[BatchSpec]) -> tuple[ReplayedKill, ...]:
@@ -112,14 +122,18 @@ def parse_killed(texts: Sequence[str], batches: Sequence[BatchSpec]) -> tuple[Re
     numbers = {b.batch for b in batches}
     kills = []
     for text in texts:
-        phase_text, at, batch_text = text.partition("@")
+        phase_text, at, rest = text.partition("@")
+        batch_text, colon, cause = rest.partition(":")
         if not (at and phase_text.strip().isdigit() and batch_text.strip().lstrip("-").isdigit()):
-            raise BadInput(f"--killed takes PHASE@BATCH (e.g. 5@3), got {text!r}")
+            raise BadInput(f"--killed takes PHASE@BATCH[:CAUSE] (e.g. 5@3), got {text!r}")
         if int(phase_text) not in {int(p) for p in PhaseId}:
             raise BadInput(f"--killed {text}: PHASE must be 1..5, got {int(phase_text)}")
         if int(batch_text) not in numbers:
             raise BadInput(f"--killed {text}: the trace has no batch {int(batch_text)}")
-        kills.append(ReplayedKill(PhaseId(int(phase_text)), int(batch_text)))
+        if colon and cause not in CAUSES:
+            raise BadInput(f"--killed {text}: CAUSE must be {', '.join(CAUSES)}, got {cause!r}")
+        kill = ReplayedKill(PhaseId(int(phase_text)), int(batch_text), cause if colon else None)
+        kills.append(kill)
     return tuple(kills)
 
 
@@ -133,17 +147,23 @@ def explain_trace(
     """Drives the runtime loop (schedule, gate) over ``batches`` without tensors.
 
     ``killed`` replays kill switches a live run tripped (explain runs no tensors, so it
-    cannot find a mismatch itself): each phase is killed once its batch is decided, as the
-    shadow verdict of that batch would, and later batches show ``KILLED batch=N``.
+    cannot find a mismatch or a failure itself): a shadow kill once its batch is decided,
+    as the shadow verdict of that batch would, and later batches show ``KILLED batch=N``;
+    a failed batch's kill before its batch is scheduled, as the rerun was, and that batch
+    on shows ``KILLED cause=error batch=N``.
     """
     loop = HostLoop(
         deploy, enabled, pages_for_trace(batches, deploy.page_size, deploy.cp_size), ceiling
     )
     plans = []
     for batch in batches:
+        for kill in killed:
+            if kill.batch == batch.batch and kill.cause is not None:
+                values = (("cause", kill.cause), ("batch", kill.batch), ("replayed", "--killed"))
+                loop.gate.kill(kill.phase, values)
         plans.append(loop.step(batch).decision)
         for kill in killed:
-            if kill.batch == batch.batch:
+            if kill.batch == batch.batch and kill.cause is None:
                 loop.gate.kill(kill.phase, (("batch", kill.batch), ("replayed", "--killed")))
     warnings = sharded_trace_warnings(batches, enabled, deploy)
     return ExplainReport(

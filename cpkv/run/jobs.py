@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from cpkv.run.loop import LoopStep
+from cpkv.run.recovery import FailedAttempt, PhaseKill
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.pd import ConcurrentWrite, LargeWrite, PdTarget, SendResult, WriteStats
 from cpkv_core.planning import BatchSpec, pages_for_trace
@@ -99,6 +100,10 @@ class RankRun:
     pd_stats: WriteStats | None = None
     pd_probe: LargeWrite | None = None
     pd_concurrent: ConcurrentWrite | None = None
+    kills: tuple[PhaseKill, ...] = ()
+    """The phases failed batches dropped, in order (``attempts``)."""
+    failed: tuple[FailedAttempt, ...] = ()
+    """The failed attempts of batches that were rerun, in order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +132,10 @@ class LevelRun:
     pd_concurrent: tuple[ConcurrentWrite, ...] = ()
     """``pd_concurrent[rank]``: every rank writing its share of the same bytes in one call,
     at once, timed after the large write (``PdTarget.probe``)."""
+    kills: tuple[PhaseKill, ...] = ()
+    """The phases failed batches dropped (rank 0's record)."""
+    failed: tuple[FailedAttempt, ...] = ()
+    """The failed attempts of batches that were rerun (rank 0's times)."""
 
 
 def request_order(batches: Sequence[BatchSpec]) -> list[str]:

@@ -3,7 +3,9 @@
 Each batch is scheduled against the state the earlier batches left (the only allocator),
 then the gate decides it from the runtime state it holds (enabled set, ceiling, kill
 switches tripped so far). Ranks then plan and run it; what they report can trip a switch
-before the next batch is decided. ``explain`` drives the same loop without tensors.
+before the next batch is decided, and a batch that failed on every rank's agreement trips
+one before it is decided again (``recovery.recover``). ``explain`` drives the same loop
+without tensors.
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 from cpkv.common.settings import RunSettings
 from cpkv.run.decode_process import DecodeServerError, start_decode
+from cpkv.run.failure_summary import summarize_failures
 from cpkv.run.jobs import BatchProgress, LevelRun, job_for
 from cpkv.run.pd_check import PdReport, pd_results, reference_requests
 from cpkv.run.runner import run_jobs_on_gloo
-from cpkv.run.shadow import ShadowEntry, fault_phase, summarize
+from cpkv.run.shadow import ShadowEntry, shadow_fault, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.pd import (
     LOOPBACK,
@@ -162,12 +163,13 @@ def run_pd(
         reference = reference_requests(model, job.deploy, job.batches)
         results = pd_results(job.levels, job_runs, reference, decode_report, f"j{index}/")
         shadow = None
-        if job.shadow_rate > 0 or job.fault is not None:
+        fault = shadow_fault(job.fault)
+        if job.shadow_rate > 0 or fault is not None:
             entries = [
                 e for lv, r in zip(job.levels, job_runs, strict=True) for e in run_entries(lv, r)
             ]
-            fault = None if job.fault is None else f"{fault_phase(job.fault)}:{job.fault.kind}"
             wrong = sum(not r.ok for r in results)
             shadow = summarize(job.shadow_rate, fault, entries, wrong)
-        reports.append(PdReport(job.deploy.cp_size, tuple(results), errors, shadow))
+        failures = summarize_failures(job.fault, job.levels, job_runs, len(job.batches))
+        reports.append(PdReport(job.deploy.cp_size, tuple(results), errors, shadow, failures))
     return reports, runs

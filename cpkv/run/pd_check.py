@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from cpkv.run.failure_summary import FailureSummary
 from cpkv.run.jobs import LevelRun, request_order
 from cpkv.run.shadow import ShadowSummary
 from cpkv_core.config import DeploymentConfig, ModelConfig
@@ -59,6 +60,8 @@ class PdReport:
     errors: tuple[str, ...] = field(default=())
     shadow: ShadowSummary | None = None
     """The prefill's shadow comparisons, when a shadow rate or a fault was set."""
+    failures: FailureSummary | None = None
+    """The prefill batches that failed, were rolled back and rerun."""
 
     @property
     def ok(self) -> bool:
@@ -72,6 +75,7 @@ class PdReport:
             "cp_size": self.cp_size,
             "errors": list(self.errors),
             **({"shadow": self.shadow.to_json()} if self.shadow is not None else {}),
+            **({"failures": self.failures.to_json()} if self.failures is not None else {}),
             "requests": [
                 {
                     "rid": r.rid,

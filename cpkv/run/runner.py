@@ -1,27 +1,24 @@
 """The trace runner: drives a trace through CP ranks (real gloo processes or in-process threads).
 
 Rank 0 runs the host loop (``loop.HostLoop``: schedule, gate) batch by batch and broadcasts
-each step; every rank then plans and runs it. Nothing is planned ahead for the trace.
+each step; every rank then plans and runs it, and runs it again on a lower phase when it
+failed on every rank's agreement (``attempts``). Nothing is planned ahead for the trace.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 
-from cpkv.run.batch_commit import rank_state, roll_back
-from cpkv.run.jobs import Backend, BatchProgress, LevelRun, RankJob, RankRun, final_seq_lens
-from cpkv.run.loop import HostLoop, LoopStep
+from cpkv.run.attempts import LevelAttempts, RankFault, RunStopped
+from cpkv.run.jobs import Backend, BatchProgress, LevelRun, RankJob, RankRun
 from cpkv_core.config import ModelConfig
 from cpkv_core.dist import (
     Communicator,
     ProgressEvent,
     TorchrunGroup,
-    broadcast_value,
     new_group_communicator,
     report_progress,
     run_local,
@@ -30,7 +27,6 @@ from cpkv_core.dist import (
 from cpkv_core.pd import (
     ConcurrentWrite,
     LargeWrite,
-    PdSender,
     SendResult,
     WriteStats,
     time_baselines,
@@ -38,30 +34,20 @@ from cpkv_core.pd import (
 from cpkv_core.planning import ScheduledBatch
 from cpkv_core.runtime import (
     BatchOutput,
-    CPEngine,
     RankBatchOutput,
     ReferenceModel,
     merge_rank_outputs,
 )
-from phases import level_enabled
 
-
-class RankFault(RuntimeError):
-    """A rank failed inside a batch: names the rank, the level and the batch.
-
-    The other ranks stop at their next collective (the group is aborted or torn down);
-    the batch did not commit on this rank: its pool rows are restored and, on rank 0, the
-    scheduler is rolled back (``batch_commit``); ``note`` says so.
-    """
-
-    def __init__(
-        self, rank: int, level: int, batch: int, cause: BaseException, note: str = ""
-    ) -> None:
-        super().__init__(
-            f"rank {rank} failed in batch {batch} (level {level}): {type(cause).__name__}: "
-            f"{cause}" + (f"; {note}" if note else "")
-        )
-        self.rank, self.level, self.batch = rank, level, batch
+__all__ = [
+    "RankFault",
+    "RunStopped",
+    "run_jobs_in_group",
+    "run_jobs_on_gloo",
+    "run_jobs_rank",
+    "run_levels",
+    "run_reference",
+]
 
 
 def _to_host(out: RankBatchOutput) -> RankBatchOutput:
@@ -80,54 +66,21 @@ def _run_level(
     run: int,
     notify: Callable[[BatchProgress], None] | None,
 ) -> RankRun:
-    enabled = level_enabled(job.levels[run], job.enabled)
-    loop = (
-        HostLoop(job.deploy, enabled, job.num_pages, job.ceiling, job.shadow_rate, job.shadow_seed)
-        if comm.rank == 0
-        else None
-    )
-    engine: CPEngine | None = None
-    sender: PdSender | None = None
+    level = LevelAttempts(comm, job, run)
     outputs, steps = [], []
     for batch in job.batches:
-        scheduler = loop.scheduler.state() if job.debug_checks and loop is not None else None
-        step = broadcast_value(comm, loop.step(batch) if loop is not None else None, LoopStep)
-        if engine is None:
-            # NOTE: the first decision fixes the KV layout (KV at rest cannot change).
-            engine = CPEngine(
-                job.model,
-                job.deploy,
-                comm,
-                job.num_pages,
-                kv_layout=step.decision.plan.kv_layout,
-                debug_checks=job.debug_checks,
-                device=job.device,
-                fault=job.fault,
-            )
-            if job.pd is not None:
-                target = dataclasses.replace(job.pd, rid_prefix=f"{job.pd.rid_prefix}{run}/")
-                sender = PdSender(engine, target, final_seq_lens(job.batches))
-        if job.exit_at == (comm.rank, batch.batch):
-            os._exit(17)
-        if job.stall_at is not None and job.stall_at[:2] == (comm.rank, batch.batch):
-            time.sleep(job.stall_at[2])
-        before = rank_state(engine, scheduler) if job.debug_checks else None
-        try:
-            with torch.no_grad():
-                out = engine.run_batch(step.scheduled, step.decision.plan, step.shadow)
-        except Exception as exc:
-            note = roll_back(engine, loop, batch.batch, before)
-            raise RankFault(comm.rank, job.levels[run], batch.batch, exc, note) from exc
-        if sender is not None:
-            sender.after_batch(step.scheduled)  # PD streams as the KV fills
+        out, step = level.run_batch(batch)
+        if level.sender is not None:
+            level.sender.after_batch(step.scheduled)  # PD streams as the KV fills
         outputs.append(_to_host(out))
-        if loop is not None:
+        if level.loop is not None:
             # NOTE: every rank reached the same verdict; rank 0's gate acts on it before
             # the next batch is decided.
-            loop.report(batch.batch, out.shadow)
+            level.loop.report(batch.batch, out.shadow)
             steps.append(step)
             if notify is not None:
                 notify(BatchProgress(run, batch.batch))
+    sender, loop = level.sender, level.loop
     sent: list[SendResult] = []
     probe: LargeWrite | None = None
     concurrent: ConcurrentWrite | None = None
@@ -142,9 +95,10 @@ def _run_level(
             for result in sent:
                 if result.released:
                     loop.scheduler.release(result.rid)
-    if engine is not None:
-        engine.close()
-    return RankRun(outputs, steps, sent, stats, probe, concurrent)
+    if level.engine is not None:
+        level.engine.close()
+    kills, failed = tuple(level.kills), tuple(level.failed)
+    return RankRun(outputs, steps, sent, stats, probe, concurrent, kills, failed)
 
 
 def _run_job(
@@ -188,7 +142,21 @@ def _level_runs(job: RankJob, per_rank: Sequence[list[RankRun]]) -> list[LevelRu
         concurrent = tuple(
             c for rank in range(job.deploy.cp_size) if (c := per_rank[rank][run].pd_concurrent)
         )
-        runs.append(LevelRun(level, steps, outputs, by_batch, pd, stats, probe, concurrent))
+        first = per_rank[0][run]
+        runs.append(
+            LevelRun(
+                level,
+                steps,
+                outputs,
+                by_batch,
+                pd,
+                stats,
+                probe,
+                concurrent,
+                first.kills,
+                first.failed,
+            )
+        )
     return runs
 
 

@@ -3,8 +3,9 @@ its text (the summary of a verify run is ``verify.shadow_summary``, of a PD run
 ``pd.run_entries``).
 
 ``--shadow-rate R`` runs a deterministic share of batches twice (the chosen path and its
-fallback) and trips a phase's kill switch on a mismatch; ``--inject-fault PHASE[:KIND]``
-corrupts that phase's candidate path so an operator can watch the guard catch it.
+fallback) and trips a phase's kill switch on a mismatch; ``--inject-fault
+PHASE[:KIND][@BATCH]`` corrupts that phase's candidate path (or makes it fail on one rank:
+``raise``, ``nonfinite``) so an operator can watch the guard catch it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cpkv.common.console import BadInput
+from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import (
+    FAILING_KINDS,
     FAULT_KINDS,
     Fault,
     FaultKind,
@@ -33,30 +36,62 @@ runs beside it)."""
 
 
 def parse_fault(text: str | None) -> Fault | None:
-    """``PHASE[:KIND]`` as a ``Fault``; the kind defaults to the phase's first.
+    """``PHASE[:KIND][@BATCH]`` as a ``Fault``; the kind defaults to the phase's first, and
+    without ``@BATCH`` the fault hits every batch that takes its path.
 
     Raises:
-        BadInput: an unknown phase or a kind the phase does not take.
+        BadInput: an unknown phase, a kind the phase does not take or a malformed batch.
     """
     if text is None:
         return None
-    phase_text, _, kind_text = text.partition(":")
+    spec, at, batch_text = text.partition("@")
+    phase_text, _, kind_text = spec.partition(":")
     phases = ", ".join(map(str, FAULT_POINTS))
     if not phase_text.strip().isdigit() or int(phase_text) not in FAULT_POINTS:
-        raise BadInput(f"--inject-fault takes PHASE[:KIND] with PHASE in {phases}, got {text!r}")
+        raise BadInput(
+            f"--inject-fault takes PHASE[:KIND][@BATCH] with PHASE in {phases}, got {text!r}"
+        )
+    if at and not batch_text.strip().isdigit():
+        raise BadInput(f"--inject-fault {text}: BATCH after @ must be a batch number")
+    batch = int(batch_text) if at else None
     point = FAULT_POINTS[int(phase_text)]
     kinds = FAULT_KINDS[point]
     if not kind_text:
-        return Fault(point, kinds[0])
+        return Fault(point, kinds[0], batch)
     if kind_text not in {k.value for k in kinds}:
         allowed = ", ".join(kinds)
         raise BadInput(f"--inject-fault {phase_text} takes KIND {allowed}, got {kind_text!r}")
-    return Fault(point, FaultKind(kind_text))
+    return Fault(point, FaultKind(kind_text), batch)
+
+
+def check_fault_batch(fault: Fault | None, batches: Sequence[BatchSpec]) -> None:
+    """Refuses a fault aimed at a batch the trace does not hold.
+
+    Raises:
+        BadInput: ``@BATCH`` names no batch of ``batches``.
+    """
+    at = None if fault is None else fault.batch
+    if at is not None and at not in {b.batch for b in batches}:
+        raise BadInput(f"--inject-fault ...@{at}: the trace has no batch {at}")
 
 
 def fault_phase(fault: Fault) -> int:
     """The phase whose candidate path ``fault`` corrupts."""
     return next(p for p, point in FAULT_POINTS.items() if point is fault.point)
+
+
+def fault_text(fault: Fault | None) -> str | None:
+    """``PHASE:KIND`` or ``PHASE:KIND@BATCH`` as the option took it; None without a fault."""
+    if fault is None:
+        return None
+    at = "" if fault.batch is None else f"@{fault.batch}"
+    return f"{fault_phase(fault)}:{fault.kind}{at}"
+
+
+def shadow_fault(fault: Fault | None) -> str | None:
+    """The fault a shadow summary reports: a data-corrupting one (the failing kinds are
+    the failure summary's)."""
+    return None if fault is None or fault.kind in FAILING_KINDS else fault_text(fault)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +125,7 @@ class ShadowSummary:
         """Whether a mismatch killed the injected fault's phase; None without a fault."""
         if self.fault is None:
             return None
-        phase = int(self.fault.split(":")[0])
+        phase = int(self.fault.split(":")[0].split("@")[0])
         return any(k.phase == phase for k in self.kills)
 
     def to_json(self) -> dict[str, Any]:

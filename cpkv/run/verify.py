@@ -8,9 +8,10 @@ from typing import Any
 
 from cpkv.common.settings import RunSettings
 from cpkv.run.explain import plan_to_json
+from cpkv.run.failure_summary import FailureSummary, summarize_failures
 from cpkv.run.jobs import Backend, BatchProgress, LevelRun, RankJob, job_for
 from cpkv.run.runner import run_levels, run_reference
-from cpkv.run.shadow import ShadowEntry, ShadowSummary, fault_phase, summarize
+from cpkv.run.shadow import ShadowEntry, ShadowSummary, shadow_fault, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import (
@@ -75,7 +76,10 @@ class VerifyReport:
     levels: tuple[LevelReport, ...]
     shadow_rate: float = 0.0
     fault: str | None = None
-    """The injected fault, ``PHASE:KIND``, if any."""
+    """The injected data-corrupting fault, ``PHASE:KIND[@BATCH]``, if any (the shadow
+    summary's; a failing kind is ``failures``')."""
+    failures: FailureSummary | None = None
+    """The batches that failed, were rolled back and rerun, and the phases they killed."""
 
     @property
     def ok(self) -> bool:
@@ -92,6 +96,7 @@ class VerifyReport:
                 for lv in self.levels
             ],
             "shadow": shadow_summary(self).to_json(),
+            **({"failures": self.failures.to_json()} if self.failures is not None else {}),
             "batches": [
                 {
                     "level": row.level,
@@ -163,9 +168,8 @@ def verify_runs(job: RankJob, runs: Sequence[LevelRun]) -> VerifyReport:
     batches of the first level."""
     reference = run_reference(job.model, job, [step.scheduled for step in runs[0].steps])
     levels_run = tuple(_level_report(run.level, run, reference) for run in runs)
-    fault = job.fault
-    fault_text = None if fault is None else f"{fault_phase(fault)}:{fault.kind}"
-    return VerifyReport(levels_run, job.shadow_rate, fault_text)
+    failures = summarize_failures(job.fault, job.levels, runs, len(job.batches))
+    return VerifyReport(levels_run, job.shadow_rate, shadow_fault(job.fault), failures)
 
 
 def verify_levels(

@@ -154,6 +154,13 @@ class TorchDistCommunicator:
         """See ``Communicator.barrier``."""
         self._timed("barrier", lambda: dist.barrier(group=self.group))
 
+    def all_gather_ints(self, values: Sequence[int]) -> list[tuple[int, ...]]:
+        """See ``Communicator.all_gather_ints``: one int64 all-gather, not counted."""
+        local = torch.tensor(list(values), dtype=torch.int64, device=self._host_device())
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        self._timed("all_gather_ints", lambda: dist.all_gather(parts, local, group=self.group))
+        return [tuple(int(v) for v in part.tolist()) for part in parts]
+
     def _host_device(self) -> torch.device:
         """Where this group's byte collectives stage their tensors (NCCL moves CUDA only)."""
         if self.backend == "nccl":
@@ -181,7 +188,9 @@ class TorchDistCommunicator:
         )
         if parts is None:
             return None
-        return [part[:size].cpu().numpy().tobytes() for part, size in zip(parts, sizes, strict=True)]
+        return [
+            part[:size].cpu().numpy().tobytes() for part, size in zip(parts, sizes, strict=True)
+        ]
 
     def broadcast_bytes(self, data: bytes | None) -> bytes:
         """See ``Communicator.broadcast_bytes``: the length first, then the payload."""

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -73,6 +74,13 @@ class Communicator(Protocol):
 
     def barrier(self) -> None:
         """Blocks until every rank of the group arrives."""
+        ...
+
+    def all_gather_ints(self, values: Sequence[int]) -> list[tuple[int, ...]]:
+        """Every rank's few ``values`` (as many on every rank), on every rank, in rank order.
+
+        Not counted in ``stats``: a vote on a batch's fate (``runtime.failures``), not KV.
+        """
         ...
 
     def gather_bytes(self, data: bytes) -> list[bytes] | None:

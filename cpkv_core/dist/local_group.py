@@ -7,7 +7,7 @@ the real process group (``comm.record_all_gather``) and imports no ``torch.distr
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
 import torch
@@ -96,6 +96,10 @@ class LocalCommunicator:
     def barrier(self) -> None:
         """See ``Communicator.barrier``."""
         self.group.exchange(self.rank, None)
+
+    def all_gather_ints(self, values: Sequence[int]) -> list[tuple[int, ...]]:
+        """See ``Communicator.all_gather_ints``."""
+        return [cast(tuple[int, ...], v) for v in self.group.exchange(self.rank, tuple(values))]
 
     def gather_bytes(self, data: bytes) -> list[bytes] | None:
         """See ``Communicator.gather_bytes``."""

@@ -15,6 +15,7 @@ from cpkv_core.planning.balance import (
 )
 from cpkv_core.planning.batch import BatchSpec, RequestSpec
 from cpkv_core.planning.execution import (
+    DecisionPoint,
     ExecutionPlan,
     KvLayout,
     KvReadStrategy,
@@ -47,6 +48,7 @@ __all__ = [
     "PAGE_INTERLEAVE_MAX_IMBALANCE",
     "AttendedRequest",
     "BatchSpec",
+    "DecisionPoint",
     "ExecutionPlan",
     "HostPlan",
     "KeySource",

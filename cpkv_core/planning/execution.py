@@ -75,6 +75,16 @@ class OutputStrategy(StrEnum):
     under the ``none`` split, where every rank computed every token."""
 
 
+class DecisionPoint(StrEnum):
+    """A decision point of the ``ExecutionPlan`` (its field name): where a batch's failure
+    is attributed, to the phase whose strategy the plan runs there."""
+
+    SPLIT = "split"
+    KV_WRITE = "kv_write"
+    KV_READ = "kv_read"
+    OUTPUT = "output"
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutionPlan:
     """The strategies a batch runs with.
@@ -96,6 +106,11 @@ class ExecutionPlan:
                 f"output {self.output} does not fit split {self.split}: local-last-token "
                 "requires the none split, and the none split requires local-last-token"
             )
+
+    def strategy(self, point: DecisionPoint) -> StrEnum:
+        """The strategy the plan runs at ``point``."""
+        strategy: StrEnum = getattr(self, point.value)
+        return strategy
 
     @property
     def kv_layout(self) -> KvLayout:

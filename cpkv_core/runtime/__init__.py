@@ -6,7 +6,14 @@ outputs out; ``ReferenceModel`` computes the same without CP.
 
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
 from cpkv_core.runtime.engine import CPEngine
-from cpkv_core.runtime.faults import FAULT_KINDS, Fault, FaultKind, FaultPoint
+from cpkv_core.runtime.failures import (
+    BatchFailed,
+    BatchFailure,
+    FailureCause,
+    LocalFailure,
+    PathError,
+)
+from cpkv_core.runtime.faults import FAILING_KINDS, FAULT_KINDS, Fault, FaultKind, FaultPoint
 from cpkv_core.runtime.kv_access import materialize
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, kv_bytes_per_page, kv_bytes_per_token
 from cpkv_core.runtime.model import ModelWeights, init_weights
@@ -27,19 +34,25 @@ from cpkv_core.runtime.reference import ReferenceModel
 from cpkv_core.runtime.shadow import SHADOW_TAG, ShadowPlan
 
 __all__ = [
+    "FAILING_KINDS",
     "FAULT_KINDS",
     "OUTPUT_ATOL",
     "SHADOW_TAG",
     "BatchComparison",
+    "BatchFailed",
+    "BatchFailure",
     "BatchOutput",
     "BatchTensors",
     "CPEngine",
+    "FailureCause",
     "Fault",
     "FaultKind",
     "FaultPoint",
     "KVRows",
+    "LocalFailure",
     "ModelWeights",
     "PagedKVPool",
+    "PathError",
     "RankBatchOutput",
     "ReferenceModel",
     "RequestOutput",

@@ -47,13 +47,16 @@ def all_gather_tokens(
 
 
 def gather_current(
-    comm: Communicator, own: KVRows, host: HostPlan, tensors: BatchTensors
+    comm: Communicator, own: KVRows, host: HostPlan, tensors: BatchTensors, tag: str = ""
 ) -> KVRows:
-    """The current chunk's KV of every rank, in batch order (``own``: this rank's rows)."""
+    """The current chunk's KV of every rank, in batch order (``own``: this rank's rows),
+    counted under ``current_kv`` and ``current_index_k``, or all under ``tag``."""
     return KVRows(
-        latent=all_gather_tokens(comm, own.latent, host, tensors, "current_kv"),
-        index_k=all_gather_tokens(comm, own.index_k, host, tensors, "current_index_k"),
-        index_k_scale=all_gather_tokens(comm, own.index_k_scale, host, tensors, "current_index_k"),
+        latent=all_gather_tokens(comm, own.latent, host, tensors, tag or "current_kv"),
+        index_k=all_gather_tokens(comm, own.index_k, host, tensors, tag or "current_index_k"),
+        index_k_scale=all_gather_tokens(
+            comm, own.index_k_scale, host, tensors, tag or "current_index_k"
+        ),
     )
 
 

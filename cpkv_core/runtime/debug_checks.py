@@ -1,10 +1,16 @@
 """Runtime invariant checks for sharded KV (``SGLANG_DEBUG_CP_SHARED_KV``).
 
 They read tensor values and call collectives, so they synchronise: off by default and
-never on in a benchmark. Each raises RuntimeError naming the broken invariant. Every rank
-runs every check (each check's collective needs the whole group).
+never on in a benchmark. Each check raises RuntimeError naming the broken invariant; the
+engine's entry points (``check_layer`` inside the step, ``after_batch`` after it) record
+it in ``failures`` with the decision points it implicates instead, and go on, so that every
+rank still runs every check's collective; the batch then fails at its commit vote
+(``runtime.failures``). What a batch adds to the checks' record is kept only once it
+commits (``commit``).
 
 - ``check_writes_owned``: a sharded rank writes only token rows of pages it owns.
+- ``check_written``: every current token's row in its owner's pool equals the row the
+  batch computed for it.
 - ``check_view``: every key row a batch reads (history included, whatever the key source:
   own pool, materialized view or reused current chunk) equals the row its owner's pool
   holds for that logical loc after the write.
@@ -16,6 +22,7 @@ runs every check (each check's collective needs the whole group).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -26,6 +33,7 @@ from cpkv_core.config import DeploymentConfig
 from cpkv_core.dist.comm import Communicator
 from cpkv_core.dist.value_collectives import gather_value
 from cpkv_core.planning import (
+    DecisionPoint,
     HostPlan,
     KvLayout,
     ScheduledBatch,
@@ -33,12 +41,16 @@ from cpkv_core.planning import (
     physical_loc,
 )
 from cpkv_core.runtime.device_plan import BatchTensors
+from cpkv_core.runtime.failures import FailureCause, LocalFailure
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 
 DEBUG_TAG = "debug"
 """Collective tag of the checks' gathers, so their bytes are counted apart."""
 
 IntArray = npt.NDArray[np.int64]
+
+_WRITE = frozenset({DecisionPoint.KV_WRITE})
+_READ = frozenset({DecisionPoint.KV_READ})
 
 
 def _same_rows(a: KVRows, b: KVRows) -> npt.NDArray[np.bool_]:
@@ -82,6 +94,16 @@ class DebugChecks:
         """Logical token rows this rank has stored KV for."""
         self.locs_in_use: set[int] = set()
         """Logical token rows of every request this rank has run, history included."""
+        self.failures: list[LocalFailure] = []
+        """The checks that fired in the batch being run (the engine resets it per batch)."""
+        self._pending: tuple[set[int], set[int]] | None = None
+
+    def _record(self, points: frozenset[DecisionPoint], check: Callable[[], None]) -> None:
+        """Runs ``check``; when it fires, records it as implicating ``points``."""
+        try:
+            check()
+        except RuntimeError as exc:
+            self.failures.append(LocalFailure(FailureCause.DEBUG_CHECK, points, str(exc)))
 
     @property
     def written_pages(self) -> set[int]:
@@ -96,12 +118,45 @@ class DebugChecks:
         tensors: BatchTensors,
         keys: KVRows,
         layer: int,
+        chunk: KVRows,
     ) -> None:
-        """The per-layer checks, after the write and before attention."""
-        self.check_writes_owned(tensors)
+        """The per-layer checks, after the write and before attention, each recorded when
+        it fires. ``chunk`` is the current chunk in batch order (the step's gathered rows, or
+        under the ``none`` split its own). Once the written rows are right, a view that
+        differs from the pools is a bad read."""
+        failed = len(self.failures)
+        self._record(_WRITE, lambda: self.check_writes_owned(tensors))
         pools = self._gathered_pools(layer)
-        self.check_peer_view(host, tensors, keys, layer, pools)
-        self.check_view(batch, host, tensors, keys, layer, pools)
+        self._record(_WRITE, lambda: self.check_written(batch, chunk, layer, pools))
+        if len(self.failures) > failed:
+            return  # NOTE: the views of a bad write differ too; the write is to blame
+        self._record(_READ, lambda: self.check_peer_view(host, tensors, keys, layer, pools))
+        self._record(_READ, lambda: self.check_view(batch, host, tensors, keys, layer, pools))
+
+    def check_written(
+        self, batch: ScheduledBatch, chunk: KVRows, layer: int, pools: KVRows
+    ) -> None:
+        """Every current token's row in its owner's pool equals the row the batch computed
+        for it (``chunk [num_tokens, ...]``, batch order)."""
+        engine = self.engine
+        rank, cp_size, page_size = engine.comm.rank, engine.deploy.cp_size, engine.deploy.page_size
+        locs = np.concatenate(
+            [
+                request_locs(batch, i, req.prefix_len, req.seq_len)
+                for i, req in enumerate(batch.requests)
+            ]
+        )
+        sharded = engine.kv_layout is KvLayout.SHARDED
+        rows = physical_loc(locs, page_size, cp_size) if sharded else locs
+        owners = owner_of_loc(locs, page_size, cp_size)
+        truth = torch.from_numpy(owners * len(engine.pool.layers[layer]) + rows)
+        same = _same_rows(chunk, pools.select(truth.to(chunk.latent.device)))
+        if not same.all():
+            bad = locs[~same][:8].tolist()
+            raise RuntimeError(
+                f"rank {rank} layer {layer}: {int((~same).sum())} rows the batch computed "
+                f"differ from their owners' pools after the write, logical locs {bad}"
+            )
 
     def _gathered_pools(self, layer: int) -> KVRows:
         """Every rank's pool layer, gathered (a collective: every rank calls it)."""
@@ -191,20 +246,32 @@ class DebugChecks:
             )
 
     def after_batch(self, batch: ScheduledBatch, tensors: BatchTensors) -> None:
-        """Records the batch's token rows, then checks that the shards partition them."""
-        self.written_locs.update(tensors.written_locs.cpu().tolist())
+        """Checks that the shards partition the token rows in use with the batch's rows
+        added (recorded when it fires); ``commit`` keeps them once the batch commits."""
+        written = self.written_locs | set(tensors.written_locs.cpu().tolist())
+        in_use = set(self.locs_in_use)
         for i, req in enumerate(batch.requests):
-            self.locs_in_use.update(request_locs(batch, i, 0, req.seq_len).tolist())
-        self.check_coverage()
+            in_use.update(request_locs(batch, i, 0, req.seq_len).tolist())
+        self._pending = (written, in_use)
+        self._record(_WRITE, lambda: self.check_coverage(written, in_use))
 
-    def check_coverage(self) -> None:
+    def commit(self) -> None:
+        """Keeps the token rows of the batch ``after_batch`` checked (it committed)."""
+        if self._pending is not None:
+            self.written_locs, self.locs_in_use = self._pending
+            self._pending = None
+
+    def check_coverage(
+        self, written_locs: set[int] | None = None, in_use: set[int] | None = None
+    ) -> None:
         """Every token row in use was stored by its owner only (sharded) or by every rank
-        (replicated), and by no other rank."""
+        (replicated), and by no other rank (by default, of the batches committed so far)."""
         engine = self.engine
-        written = gather_value(engine.comm, sorted(self.written_locs), list[int], "token rows")
+        mine = self.written_locs if written_locs is None else written_locs
+        in_use = self.locs_in_use if in_use is None else in_use
+        written = gather_value(engine.comm, sorted(mine), list[int], "token rows")
         if written is None:
             return
-        in_use = self.locs_in_use
         sets = [set(locs) for locs in written]
         if engine.kv_layout is KvLayout.REPLICATED:
             bad = [rank for rank, locs in enumerate(sets) if locs != in_use]

@@ -17,9 +17,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cpkv_core.config import DeploymentConfig, MaterializeMode, ModelConfig
+from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.dist.comm import Communicator
 from cpkv_core.planning import (
+    DecisionPoint,
     ExecutionPlan,
     HostPlan,
     KeySource,
@@ -30,14 +31,15 @@ from cpkv_core.planning import (
     owner_of_page,
 )
 from cpkv_core.runtime.collect import COLLECTORS, all_gather_tokens, gather_current
-from cpkv_core.runtime.debug_checks import DebugChecks
+from cpkv_core.runtime.debug_checks import DEBUG_TAG, DebugChecks
 from cpkv_core.runtime.device_plan import BatchTensors, expand, upload
 from cpkv_core.runtime.faults import Fault
 from cpkv_core.runtime.history_views import HistoryViews
-from cpkv_core.runtime.kv_access import MATERIALIZE_TAG, key_source, write_rows
+from cpkv_core.runtime.kv_access import key_source, write_rows
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, SavedRows
 from cpkv_core.runtime.local_attention import attend_local
 from cpkv_core.runtime.model import (
+    LayerWeights,
     ModelWeights,
     embed,
     finish_layer,
@@ -46,8 +48,9 @@ from cpkv_core.runtime.model import (
     project,
 )
 from cpkv_core.runtime.outputs import RankBatchOutput, Served, StepOutput
-from cpkv_core.runtime.shadow import ShadowPlan, run_shadowed
-from cpkv_core.runtime.shared_pools import SharedPools, open_shared_pools
+from cpkv_core.runtime.shadow import ShadowPlan
+from cpkv_core.runtime.shared_pools import SharedPools, rank_pool
+from cpkv_core.runtime.step_guard import StepGuard, run_agreed
 
 
 class CPEngine:
@@ -87,23 +90,10 @@ class CPEngine:
         self.kv_layout = kv_layout
         self.device = torch.device(device)
         self.weights = weights if weights is not None else init_weights(cfg, self.device)
-        pool_pages = (
-            num_pages if kv_layout is KvLayout.REPLICATED else -(-num_pages // deploy.cp_size)
-        )
-        self.peers: SharedPools | None = None
+        self.pool: PagedKVPool
+        self.peers: SharedPools | None
         """Every rank's pool as this rank maps it (peer-read on a sharded layout)."""
-        if deploy.materialize is MaterializeMode.PEER_READ:
-            # NOTE: every level checks the one-host contract, so a replicated level 0
-            # refuses a deployment that peer-read could not serve later.
-            shared = open_shared_pools(
-                comm, cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
-            )
-            self.peers = shared if kv_layout is KvLayout.SHARDED else None
-            self.pool = shared.pool
-        else:
-            self.pool = PagedKVPool(
-                cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, self.device
-            )
+        self.pool, self.peers = rank_pool(comm, cfg, deploy, num_pages, kv_layout, self.device)
         self.debug = DebugChecks(self) if debug_checks else None
         self.fault: Fault | None = fault
         self.requests: dict[str, ScheduledRequest] = {}
@@ -112,6 +102,8 @@ class CPEngine:
         """Pages in use that this rank's pool stores."""
         self.exposed_materialize_seconds = 0.0
         """Host time of the current batch's view reads that no compute overlapped."""
+        self.guard = StepGuard()
+        """The failures of the batch ``run_batch`` is running (idle between batches)."""
 
     def host_plan(self, batch: ScheduledBatch, plan: ExecutionPlan) -> HostPlan:
         """The host half of a batch on this rank."""
@@ -139,26 +131,19 @@ class CPEngine:
         ``shadow`` (a sampled batch) replaces the single run: the candidate and fallback
         paths are run and compared, and the surviving one is served (``runtime.shadow``).
 
-        All or nothing: if any part raises (the debug checks included), this rank's pool rows
-        the batch wrote are restored and nothing is committed (``requests``,
-        ``stored_pages``); the caller rolls the scheduler back (``Scheduler.rollback``) and
-        may run the batch again.
+        All or nothing, agreed by every rank (``runtime.failures``): the group votes once
+        the host half is built, before the step's first collective, and again before the
+        commit, after the debug and non-finite checks. A failure any rank recorded makes
+        every rank raise ``BatchFailed`` with the same verdict, its pool rows restored and
+        nothing committed (``requests``, ``stored_pages``); any other exception restores the
+        rows too and goes on. The caller rolls the scheduler back and may run the batch again.
         """
         start = time.perf_counter()
         before = self._gathered_bytes()
         self.exposed_materialize_seconds = 0.0
         if self.peers is not None:
             self.peers.batch_start()
-        if shadow is None:
-            served, saved = self.run_plan(batch, plan)
-        else:
-            served, saved = run_shadowed(self, batch, shadow)
-        if self.debug is not None:
-            try:
-                self.debug.after_batch(batch, served.tensors)
-            except BaseException:
-                self.pool.restore_rows(saved)
-                raise
+        served, _ = run_agreed(self, batch, plan, shadow)
         self._commit(batch)
         after = self._gathered_bytes()
         return RankBatchOutput(
@@ -181,7 +166,7 @@ class CPEngine:
         host = self.host_plan(batch, plan)
         tensors = expand(host, upload(host, self.device), self.cfg.vocab_size)
         if self.fault is not None:
-            tensors = self.fault.apply(host, tensors)
+            tensors = self.fault.apply(host, tensors, batch.batch)
         return host, tensors
 
     def run_plan(self, batch: ScheduledBatch, plan: ExecutionPlan) -> tuple[Served, SavedRows]:
@@ -193,15 +178,15 @@ class CPEngine:
         so the pool is as it was before the batch. A run that succeeds only pays the copy,
         and returns it so that a failure before the commit can still undo the batch.
         """
-        host, tensors = self.prepare(batch, plan)
+        return self.run_prepared(batch, *self.prepare(batch, plan))
+
+    def run_prepared(
+        self, batch: ScheduledBatch, host: HostPlan, tensors: BatchTensors
+    ) -> tuple[Served, SavedRows]:
+        """``run_plan`` with its host half built already."""
         saved = self.pool.save_rows(tensors.write_dest)
         try:
-            step = self.run_step(host, tensors, batch)
-            if plan.computes_every_token and self.comm.world_size > 1:
-                # NOTE: an unsplit batch has no collective after its writes (no tail gather):
-                # without this, a rank would commit while a peer failed the batch.
-                self.comm.barrier()
-            return Served(host, tensors, step), saved
+            return Served(host, tensors, self.run_step(host, tensors, batch)), saved
         except BaseException:
             self.pool.restore_rows(saved)
             raise
@@ -214,40 +199,66 @@ class CPEngine:
         reads: list[KVRows] | None = None,
     ) -> StepOutput:
         """The device half: every layer, then the tail. ``batch`` is read by the debug
-        checks only; ``reads`` (shadow comparisons) collects each layer's key rows read."""
+        checks and the game-day fault only; ``reads`` (shadow comparisons) collects each
+        layer's key rows read. Inside ``run_batch``, an exception in a collective-free op
+        is recorded for the batch's vote, not raised (``step_guard``)."""
         hidden = embed(self.weights, tensors.local_token_ids, tensors.local_positions)
-        views = None
-        if host.key_source is KeySource.HISTORY_AND_CURRENT:
-            peers = self.peers.peers if self.peers is not None else ()
-            prefetch = self.deploy.materialize_prefetch
-            views = HistoryViews(
-                self.comm, self.pool, host, tensors, peers, prefetch, MATERIALIZE_TAG
-            )
-            if prefetch:
-                views.start(0)
+        peers = self.peers.peers if self.peers is not None else ()
+        views = HistoryViews.open(
+            self.comm, self.pool, host, tensors, peers, self.deploy.materialize_prefetch
+        )
         topk_per_layer = []
-        needs_current = host.gathers_current
-        for layer_index, layer in enumerate(self.weights.layers):
-            proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
-            own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
-            # NOTE: without a gather the write and the read use ``own``: a direct write's
-            # rows, or under the none split the whole chunk in batch order.
-            current = gather_current(self.comm, own, host, tensors) if needs_current else own
-            source = own if host.write_from_local else current
-            write_rows(self.pool, layer_index, source, tensors.write_source, tensors.write_dest)
-            keys = self._keys(layer_index, host, tensors, current, views)
-            if reads is not None:
-                reads.append(keys.select(tensors.key_rows))
-            if self.debug is not None and batch is not None:
-                self.debug.check_layer(batch, host, tensors, keys, layer_index)
-            attn, topk = attend_local(self.cfg, proj, host, tensors, keys)
+        for index, layer in enumerate(self.weights.layers):
+            hidden, topk = self._layer(index, layer, hidden, host, tensors, views, batch, reads)
             topk_per_layer.append(topk)
-            hidden = finish_layer(layer, hidden, attn)
         if views is not None:
             self.exposed_materialize_seconds += views.exposed_seconds
+        self.guard.note_tail_input(hidden)
         last_hidden = COLLECTORS[host.strategies.output](self.comm, hidden, host, tensors)
+        with self.guard.region(DecisionPoint.OUTPUT):
+            # NOTE: after the tail's gather the step calls no collective.
+            last_hidden = self.guard.through(DecisionPoint.OUTPUT, host, last_hidden, True)
         normed, logits = lm_head(self.weights, last_hidden)
+        if not self.guard.active and self.debug is not None and self.debug.failures:
+            raise RuntimeError(self.debug.failures[0].message)
         return StepOutput(torch.stack(topk_per_layer), normed, logits)
+
+    def _layer(
+        self,
+        index: int,
+        layer: LayerWeights,
+        hidden: Tensor,
+        host: HostPlan,
+        tensors: BatchTensors,
+        views: HistoryViews | None,
+        batch: ScheduledBatch | None,
+        reads: list[KVRows] | None,
+    ) -> tuple[Tensor, Tensor]:
+        """One layer: projections, the current chunk's gather, the write, the read, the
+        checks and the attention. Returns the hidden states and the layer's top-k."""
+        proj = project(self.cfg, layer, hidden, self.deploy.index_k_dtype)
+        own = KVRows(proj.latent, proj.index_k, proj.index_k_scale)
+        # NOTE: without a gather the write and the read use ``own``: a direct write's
+        # rows, or under the none split the whole chunk in batch order.
+        current = gather_current(self.comm, own, host, tensors) if host.gathers_current else own
+        source = own if host.write_from_local else current
+        last = index == len(self.weights.layers) - 1
+        with self.guard.region(DecisionPoint.KV_WRITE):
+            source = self.guard.through(DecisionPoint.KV_WRITE, host, source, last)
+            write_rows(self.pool, index, source, tensors.write_source, tensors.write_dest)
+        keys = self._keys(index, host, tensors, current, views)
+        if host.key_source in (KeySource.POOL, KeySource.CURRENT):
+            with self.guard.region(DecisionPoint.KV_READ):
+                keys = self.guard.through(DecisionPoint.KV_READ, host, keys, last)
+        if reads is not None:
+            reads.append(keys.select(tensors.key_rows))
+        if self.debug is not None and batch is not None:
+            chunk = current
+            if not (host.gathers_current or host.strategies.computes_every_token):
+                chunk = gather_current(self.comm, own, host, tensors, DEBUG_TAG)
+            self.debug.check_layer(batch, host, tensors, keys, index, chunk)
+        attn, topk = attend_local(self.cfg, proj, host, tensors, keys)
+        return finish_layer(layer, hidden, attn), topk
 
     def _keys(
         self,
@@ -260,16 +271,15 @@ class CPEngine:
         """The key buffer of ``layer``; a gathered view's time counts as exposed."""
         if views is not None:
             return views.keys(layer, current)
-        if host.key_source is not KeySource.VIEW:
-            return key_source(
-                self.comm, self.pool, layer, host.key_source, tensors.send_rows, current
-            )
         began = time.perf_counter()
         keys = key_source(self.comm, self.pool, layer, host.key_source, tensors.send_rows, current)
-        self.exposed_materialize_seconds += time.perf_counter() - began
+        if host.key_source is KeySource.VIEW:
+            self.exposed_materialize_seconds += time.perf_counter() - began
         return keys
 
     def _commit(self, batch: ScheduledBatch) -> None:
+        if self.debug is not None:
+            self.debug.commit()
         self.requests.update((r.rid, r) for r in batch.requests)
         new_pages = batch.new_pages
         if self.kv_layout is KvLayout.SHARDED:

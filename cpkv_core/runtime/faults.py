@@ -1,9 +1,12 @@
-"""Game-day faults: corrupt one candidate path on purpose, to prove the shadow guard works.
+"""Game-day faults: break one candidate path on purpose, to prove the guards work.
 
-A ``Fault`` names a decision point's optimized strategy and a kind of corruption. The engine
-applies it to the expanded tensors of every run whose plan uses that strategy, so the
-fallback path of a shadow comparison stays correct. Every corruption is a device op with
-host-known sizes (a roll, a slice, an offset), like the run step itself.
+A ``Fault`` names a decision point's optimized strategy and a kind. The data-corrupting
+kinds (``row``, ``drop``, ``owner``) are applied to the expanded tensors of every run whose
+plan uses that strategy, on every rank, so the fallback path of a shadow comparison stays
+correct; every corruption is a device op with host-known sizes (a roll, a slice, an
+offset), like the run step itself. The failing kinds hit one rank, the last: ``raise``
+raises inside the path and ``nonfinite`` writes a NaN into what passes through it
+(``through``). A fault hits every batch that takes its path, or only ``batch``.
 """
 
 from __future__ import annotations
@@ -11,8 +14,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
+
+import torch
+from torch import Tensor
 
 from cpkv_core.planning import (
+    DecisionPoint,
     ExecutionPlan,
     HostPlan,
     KvReadStrategy,
@@ -21,8 +29,10 @@ from cpkv_core.planning import (
     SplitStrategy,
 )
 from cpkv_core.runtime.device_plan import BatchTensors
+from cpkv_core.runtime.failures import PathError
+from cpkv_core.runtime.kv_pool import KVRows
 
-__all__ = ["FAULT_KINDS", "Fault", "FaultKind", "FaultPoint"]
+__all__ = ["FAILING_KINDS", "FAULT_KINDS", "POINT_OF", "Fault", "FaultKind", "FaultPoint"]
 
 
 class FaultPoint(StrEnum):
@@ -47,13 +57,51 @@ class FaultKind(StrEnum):
     contribution. Direct write: each rank takes the first page it computes for another
     rank's (a wrong compute owner) and does not write it, so its owner's pool never holds
     it."""
+    RAISE = "raise"
+    """An exception inside the path, on one rank: in the run step's write (direct write),
+    key read (current reuse) or tail after its gather (narrow output), whose group stays in
+    step; in the host half for the page-aligned split."""
+    NONFINITE = "nonfinite"
+    """NaNs in the path's values, on one rank: the latent KV the direct write stores, the
+    reused key rows' latent KV, the last-token states of the narrow tail."""
+
+
+V = TypeVar("V", Tensor, KVRows)
+
+
+def _nan(rows: Tensor) -> Tensor:
+    """``rows`` as NaNs (floating rows; others as they are)."""
+    return torch.full_like(rows, float("nan")) if rows.dtype.is_floating_point else rows
+
+
+FAILING_KINDS = frozenset({FaultKind.RAISE, FaultKind.NONFINITE})
+"""Kinds that make a batch fail on one rank rather than corrupt its data quietly."""
+
+POINT_OF: dict[FaultPoint, DecisionPoint] = {
+    FaultPoint.NARROW_OUTPUT: DecisionPoint.OUTPUT,
+    FaultPoint.CURRENT_REUSE: DecisionPoint.KV_READ,
+    FaultPoint.PAGE_ALIGNED_SPLIT: DecisionPoint.SPLIT,
+    FaultPoint.DIRECT_WRITE: DecisionPoint.KV_WRITE,
+}
+"""The decision point whose strategy each fault point is."""
 
 
 FAULT_KINDS: dict[FaultPoint, tuple[FaultKind, ...]] = {
-    FaultPoint.NARROW_OUTPUT: (FaultKind.OWNER, FaultKind.ROW),
-    FaultPoint.CURRENT_REUSE: (FaultKind.ROW,),
-    FaultPoint.PAGE_ALIGNED_SPLIT: (FaultKind.ROW,),
-    FaultPoint.DIRECT_WRITE: (FaultKind.DROP, FaultKind.ROW, FaultKind.OWNER),
+    FaultPoint.NARROW_OUTPUT: (
+        FaultKind.OWNER,
+        FaultKind.ROW,
+        FaultKind.RAISE,
+        FaultKind.NONFINITE,
+    ),
+    FaultPoint.CURRENT_REUSE: (FaultKind.ROW, FaultKind.RAISE, FaultKind.NONFINITE),
+    FaultPoint.PAGE_ALIGNED_SPLIT: (FaultKind.ROW, FaultKind.RAISE),
+    FaultPoint.DIRECT_WRITE: (
+        FaultKind.DROP,
+        FaultKind.ROW,
+        FaultKind.OWNER,
+        FaultKind.RAISE,
+        FaultKind.NONFINITE,
+    ),
 }
 """The kinds each point supports; the first is the default."""
 
@@ -64,6 +112,8 @@ class Fault:
 
     point: FaultPoint
     kind: FaultKind
+    batch: int | None = None
+    """The one batch it hits (``PHASE:KIND@BATCH``); None: every batch taking its path."""
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS[self.point]:
@@ -80,9 +130,36 @@ class Fault:
             FaultPoint.DIRECT_WRITE: plan.kv_write is KvWriteStrategy.COMPUTE_OWNER_DIRECT,
         }[self.point]
 
-    def apply(self, host: HostPlan, t: BatchTensors) -> BatchTensors:
-        """``t`` corrupted, when ``host``'s strategies take the faulty path; else ``t``."""
-        if not self.targets(host.strategies):
+    def _fires(self, host: HostPlan, batch: int | None) -> bool:
+        """A failing kind on this rank (the last) and batch, on a plan taking the path."""
+        hits = self.batch is None or batch == self.batch
+        last_rank = host.rank == host.cp_size - 1
+        return hits and last_rank and self.targets(host.strategies)
+
+    def through(self, point: DecisionPoint, host: HostPlan, batch: int | None, values: V) -> V:
+        """``values`` (rows ``[n, ...]``) passing through ``point``'s path of the run step:
+        raises there (``raise``) or comes out as NaNs (``nonfinite``: the latent KV of
+        rows) when this fault fails that path on this rank and batch; else ``values``."""
+        if self.kind not in FAILING_KINDS or POINT_OF[self.point] is not point:
+            return values
+        if not self._fires(host, batch):
+            return values
+        if self.kind is FaultKind.RAISE:
+            raise PathError(
+                point, f"injected fault {self.point}:raise on rank {host.rank} in batch {batch}"
+            )
+        if isinstance(values, KVRows):
+            return KVRows(_nan(values.latent), values.index_k, values.index_k_scale)
+        return _nan(values)
+
+    def apply(self, host: HostPlan, t: BatchTensors, batch: int | None = None) -> BatchTensors:
+        """``t`` corrupted, when ``host``'s strategies take the faulty path in ``batch``; else
+        ``t``. A ``raise`` in the split's path raises here, in the host half."""
+        if self.kind in FAILING_KINDS:
+            if POINT_OF[self.point] is DecisionPoint.SPLIT:
+                self.through(DecisionPoint.SPLIT, host, batch, t.gather_index)
+            return t
+        if not self.targets(host.strategies) or self.batch not in (None, batch):
             return t
         replace = dataclasses.replace
         if self.point is FaultPoint.NARROW_OUTPUT:

@@ -30,8 +30,9 @@ import torch
 from torch import Tensor
 
 from cpkv_core.dist.comm import Communicator, GatherHandle
-from cpkv_core.planning.host_plan import HostPlan
+from cpkv_core.planning.host_plan import HostPlan, KeySource
 from cpkv_core.runtime.device_plan import BatchTensors
+from cpkv_core.runtime.kv_access import MATERIALIZE_TAG
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 
 __all__ = ["HistoryViews"]
@@ -79,6 +80,25 @@ class HistoryViews:
         self.buffers: list[KVRows | None] = [None, None]
         self.pending: dict[int, _Fetch] = {}
         self.exposed_seconds = 0.0
+
+    @classmethod
+    def open(
+        cls,
+        comm: Communicator,
+        pool: PagedKVPool,
+        host: HostPlan,
+        tensors: BatchTensors,
+        peers: Sequence[Sequence[KVRows]],
+        prefetch: bool,
+    ) -> HistoryViews | None:
+        """The views of a ``history+current`` read (layer 0's fetch started when
+        ``prefetch``), counted under ``materialize``; None for any other key source."""
+        if host.key_source is not KeySource.HISTORY_AND_CURRENT:
+            return None
+        views = cls(comm, pool, host, tensors, peers, prefetch, MATERIALIZE_TAG)
+        if prefetch:
+            views.start(0)
+        return views
 
     def _buffer(self, layer: int) -> KVRows:
         slot = layer % 2 if self.prefetch else 0

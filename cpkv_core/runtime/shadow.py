@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -101,6 +101,9 @@ class _Tagged:
 
     def barrier(self) -> None:
         self.comm.barrier()
+
+    def all_gather_ints(self, values: Sequence[int]) -> list[tuple[int, ...]]:
+        return self.comm.all_gather_ints(values)
 
     def gather_bytes(self, data: bytes) -> list[bytes] | None:
         return self.comm.gather_bytes(data)

@@ -31,9 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cpkv_core.config import IndexKDtype, ModelConfig
+from cpkv_core.config import DeploymentConfig, IndexKDtype, MaterializeMode, ModelConfig
 from cpkv_core.dist.comm import Communicator
 from cpkv_core.dist.value_collectives import broadcast_value, gather_value
+from cpkv_core.planning import KvLayout
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, arena_bytes, carve_layers
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "SharedPools",
     "check_one_host",
     "open_shared_pools",
+    "rank_pool",
     "sharing_for",
 ]
 
@@ -232,3 +234,24 @@ def open_shared_pools(
     pool = PagedKVPool(cfg, num_pages, page_size, dtype, device, arena=arena)
     peers = tuple(carve_layers(cfg, num_pages, page_size, dtype, a) for a in arenas)
     return SharedPools(pool, peers, sharing, comm, device)
+
+
+def rank_pool(
+    comm: Communicator,
+    cfg: ModelConfig,
+    deploy: DeploymentConfig,
+    num_pages: int,
+    kv_layout: KvLayout,
+    device: torch.device,
+) -> tuple[PagedKVPool, SharedPools | None]:
+    """This rank's pool for ``num_pages`` logical pages (its own pages only when sharded),
+    and the peers' pools it maps under peer-read on a sharded layout (else None)."""
+    pool_pages = num_pages if kv_layout is KvLayout.REPLICATED else -(-num_pages // deploy.cp_size)
+    if deploy.materialize is not MaterializeMode.PEER_READ:
+        return PagedKVPool(cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, device), None
+    # NOTE: every level checks the one-host contract, so a replicated level 0 refuses a
+    # deployment that peer-read could not serve later.
+    shared = open_shared_pools(
+        comm, cfg, pool_pages, deploy.page_size, deploy.index_k_dtype, device
+    )
+    return shared.pool, shared if kv_layout is KvLayout.SHARDED else None
