@@ -45,6 +45,9 @@ class ReceiveArena:
         Raises:
             ArenaFullError: no free range holds ``nbytes`` (free some attempts first).
         """
+        if nbytes == 0:  # NOTE: a decode rank that stores no page of the request
+            self._live[key] = (0, 0)
+            return 0
         for i, (offset, length) in enumerate(self._free):
             if length >= nbytes:
                 rest = (offset + nbytes, length - nbytes)
@@ -62,6 +65,8 @@ class ReceiveArena:
         if key not in self._live:
             return
         offset, nbytes = self._live.pop(key)
+        if nbytes == 0:
+            return
         ranges = sorted([*self._free, (offset, nbytes)])
         merged = [ranges[0]]
         for start, length in ranges[1:]:
