@@ -167,7 +167,7 @@ def owned_rows(
 
 
 @dataclass(frozen=True, slots=True)
-class _Checked:
+class RequestCheck:
     """One request's checks over every decode rank."""
 
     kv_equal: bool
@@ -175,27 +175,38 @@ class _Checked:
     diff: float | None
 
 
-def _check(got: Sequence[RequestReport | None], want: ReferenceRequest, page_size: int) -> _Checked:
+def kv_matches(
+    report: RequestReport, want: ReferenceRequest, page_size: int, shard: tuple[int, int]
+) -> bool:
+    """Decode rank ``shard = (rank, dcp_size)``'s rebuilt rows equal its owned slice of the
+    reference, byte for byte."""
+    ref = owned_rows(want, page_size, *shard)
+    return len(report.kv) == len(ref) and all(
+        identical(a, b) for a, b in zip(report.kv, ref, strict=True)
+    )
+
+
+def check_request(
+    got: Sequence[RequestReport | None], want: ReferenceRequest, page_size: int
+) -> RequestCheck:
     """Every decode rank's rows against its owned slice of the reference, byte for byte,
     and its decode step against the reference's (top-k exactly, outputs within tolerance)."""
-    if not got or any(g is None or not g.ready for g in got):
-        return _Checked(False, False, None)
-    kv_equal, topk_equal, diffs = True, True, []
-    for rank, report in enumerate(got):
-        assert report is not None
-        ref = owned_rows(want, page_size, rank, len(got))
-        kv_equal &= len(report.kv) == len(ref) and all(
-            identical(a, b) for a, b in zip(report.kv, ref, strict=True)
-        )
+    reports = [g for g in got if g is not None and g.ready]
+    if not got or len(reports) < len(got):
+        return RequestCheck(False, False, None)
+    size = len(reports)
+    kv_equal = all(kv_matches(r, want, page_size, (b, size)) for b, r in enumerate(reports))
+    topk_equal, diffs = True, []
+    for report in reports:
         try:
             hidden, logits, topk = (from_data(t) for t in report.decode)
         except ValueError:  # NOTE: not three tensors, or a malformed one: no decode step
-            return _Checked(kv_equal, False, None)
+            return RequestCheck(kv_equal, False, None)
         topk_equal &= torch.equal(topk, want.decode[2])
         diffs.append(
             max(max_abs_diff(hidden, want.decode[0]), max_abs_diff(logits, want.decode[1]))
         )
-    return _Checked(kv_equal, topk_equal, max(diffs))
+    return RequestCheck(kv_equal, topk_equal, max(diffs))
 
 
 def pd_results(
@@ -214,7 +225,7 @@ def pd_results(
             sends = [rank_results[i] for rank_results in run.pd]
             key = f"{prefix}{run_index}/{rid}"
             got = [by_rid.get(key) for by_rid in reports]
-            checked = _check(got, reference[rid], page_size)
+            checked = check_request(got, reference[rid], page_size)
             decode_errors = tuple(g.error for g in got if g is not None and g.error)
             results.append(
                 PdRequestResult(

@@ -76,6 +76,7 @@ class DecodeServer(ControlServer, ProbeScratch):
         comm: Communicator | None = None,
         die_on_done_of: str | None = None,
         host: str = LOOPBACK,
+        transport: Transport | None = None,
     ) -> None:
         """Args:
         comm: the decode group (``spec.dcp_size`` ranks), for the decode step's merge;
@@ -84,6 +85,8 @@ class DecodeServer(ControlServer, ProbeScratch):
             arrives (a decode server killed mid-transfer).
         host: The address (or host name) the control listener and the transfer engine
             bind and announce (``--pd-host``); one interface, never all of them.
+        transport: the transfer engine to receive on; None starts one on ``host`` (a
+            process's decode server has its own; in-process tests may share one).
         """
         size = 1 if comm is None else comm.world_size
         assert size == spec.dcp_size, f"a decode group of {size} ranks for {spec}"
@@ -97,7 +100,7 @@ class DecodeServer(ControlServer, ProbeScratch):
         self.layout = pool_layout(self.model.pool, spec.prefill_cp_size, spec.dcp_size)
         self.timeout_s = spec.timeout_s
         self.die_on_done_of = die_on_done_of
-        self.transport = Transport(host)
+        self.transport = transport or Transport(host)
         self.views = row_views(self.model.pool)
         """The pool as ``[rows, row_bytes]`` uint8 views, in packed-block order."""
         self.token_bytes = sum(row_bytes(self.views))
@@ -119,9 +122,16 @@ class DecodeServer(ControlServer, ProbeScratch):
         """Decode-step outputs (last hidden, logits, top-k) by attempt key, computed once."""
 
     def serve_forever(self) -> None:
-        """Serves until a Shutdown arrives, then closes the transfer engine."""
+        """Serves until a Shutdown arrives, then closes."""
         super().serve_forever()
-        self.transport.close()
+        self.close()
+
+    def close(self) -> None:
+        """Unregisters this server's memory and closes its listener."""
+        self.transport.unregister(self.arena.buffer)
+        for scratch in list(self.probes.values()):
+            self.transport.unregister(scratch)
+        self.listener.close()
 
     def _dispatch(self, message: Message | None) -> Message | None:
         """The reply to one request (``ErrorReply`` for a message that is not a request)."""
