@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from cpkv.common.settings import RunSettings
 from cpkv.run.decode_process import DecodeGroup, DecodeServerError, start_decode_group
 from cpkv.run.jobs import BatchProgress, LevelRun, final_seq_lens, job_for
-from cpkv.run.pd_check import PdReport, pd_results, reference_requests
+from cpkv.run.pd_check import PdReport, ReferenceRequest, pd_results, reference_requests
 from cpkv.run.runner import run_jobs_on_gloo
 from cpkv.run.shadow import ShadowEntry, fault_phase, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
@@ -206,9 +206,15 @@ def run_pd(
         for group in groups.values():
             group.stop()
     reports = []
+    references: dict[object, dict[str, ReferenceRequest]] = {}
     for index, (job, job_runs) in enumerate(zip(jobs, runs, strict=True)):
         decode_reports, errors = decoded[job.deploy.decode_cp_size]
-        reference = reference_requests(model, job.deploy, job.batches)
+        # NOTE: the oracle depends on the trace and the page layout alone, not on the CP
+        # sizes: jobs that share them share one reference run (seconds at wide rows).
+        key = (job.batches, job.deploy.page_size, job.deploy.index_k_dtype)
+        if key not in references:
+            references[key] = reference_requests(model, job.deploy, job.batches)
+        reference = references[key]
         results = pd_results(
             job.levels, job_runs, reference, decode_reports, f"j{index}/", job.deploy.page_size
         )

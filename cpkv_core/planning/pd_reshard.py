@@ -97,7 +97,8 @@ def reshard_offsets(pairs: Ints, token_bytes: int, cursors: Sequence[int]) -> In
     per_dest = np.asarray(pairs, dtype=np.int64).T * token_bytes
     zeros = np.zeros((per_dest.shape[0], 1), dtype=np.int64)
     starts = np.asarray(cursors, dtype=np.int64)[:, None]
-    return starts + np.concatenate([zeros, np.cumsum(per_dest, axis=1)], axis=1)
+    offsets: Ints = starts + np.concatenate([zeros, np.cumsum(per_dest, axis=1)], axis=1)
+    return offsets
 
 
 @dataclass(frozen=True, slots=True)
