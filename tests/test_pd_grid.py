@@ -84,8 +84,9 @@ def _shards(
         for rid, ref in reference.items()
     }
     rows = -(-pages_for_trace(BATCHES, PAGE, cp_size) // cp_size) * PAGE
-    shards = [[torch.zeros(rows, v.shape[1], dtype=torch.uint8) for v in views["a"]]]
-    shards += [[t.clone() for t in shards[0]] for _ in range(cp_size - 1)]
+    # NOTE: uninitialised: only owned rows are ever read
+    shards = [[torch.empty(rows, v.shape[1], dtype=torch.uint8) for v in views["a"]]]
+    shards += [[torch.empty_like(t) for t in shards[0]] for _ in range(cp_size - 1)]
     for rid, req in final.items():
         table = np.asarray(req.page_table, dtype=np.int64)
         positions = np.arange(req.seq_len) // PAGE

@@ -72,7 +72,7 @@ def stream(
     return writes
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     cp_size=st.integers(1, 4),
     dcp_size=st.integers(1, 4),

@@ -156,6 +156,21 @@ def _start_groups(
         return {size: future.result() for size, future in started.items()}
 
 
+def _report(group: DecodeGroup) -> tuple[list[ReportReply] | None, tuple[str, ...]]:
+    """A decode group's reports, or why it could not report."""
+    try:
+        return group.report(), ()
+    except DecodeServerError as exc:
+        return None, (str(exc),)
+
+
+def _stop_groups(groups: list[DecodeGroup]) -> None:
+    """Stops every decode group at once (each waits for its processes to exit)."""
+    if groups:
+        with ThreadPoolExecutor(len(groups)) as pool:
+            list(pool.map(DecodeGroup.stop, groups))
+
+
 def run_pd(
     model: ModelConfig,
     jobs: Sequence[PdJob],
@@ -196,15 +211,10 @@ def run_pd(
             )
             rank_jobs.append(job_for(model, job.deploy, job.batches, job.levels, job, pd=target))
         runs = run_jobs_on_gloo(rank_jobs, on_progress)
-        decoded: dict[int, tuple[list[ReportReply] | None, tuple[str, ...]]] = {}
-        for size, group in groups.items():
-            try:
-                decoded[size] = group.report(), ()
-            except DecodeServerError as exc:
-                decoded[size] = None, (str(exc),)
+        with ThreadPoolExecutor(len(groups)) as pool:
+            decoded = dict(zip(groups, pool.map(_report, groups.values()), strict=True))
     finally:
-        for group in groups.values():
-            group.stop()
+        _stop_groups(list(groups.values()))
     reports = []
     references: dict[object, dict[str, ReferenceRequest]] = {}
     for index, (job, job_runs) in enumerate(zip(jobs, runs, strict=True)):

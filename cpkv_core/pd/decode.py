@@ -1,21 +1,19 @@
 """A PD decode rank: rebuilds the page positions it owns of every request from the prefill
 ranks' pieces.
 
-A decode group has ``dcp_size`` ranks; rank ``b`` owns the page positions ``j % dcp_size ==
-b`` (``planning.pd_reshard``), and ``dcp_size`` 1 is the non-CP decode server, which owns
-them all. Each rank has its own scheduler, pool, control listener and transfer engine. A
-prefill rank first exchanges layouts with it (``Hello``; a mismatch refuses every transfer,
-naming both). For each request attempt the rank allocates pages for its positions and a
-receive slab (registered memory) that every prefill rank writes its pieces for this rank
-into, and marks the attempt complete only when every prefill rank has reported its pieces
-landed, the pieces cover its positions exactly once and tile the slab; it then unpacks them
-into its pool by page position, and only then does it acknowledge. A rank's failure, a
-timeout or a missing page fails the attempt: its pages are released once no sender can
-still write into them (nothing else in the pool changes) and the request can be retried as
-a new attempt on fresh pages. A request is ready when every decode rank completed the same
-attempt; the prefill ranks check that, and a ``Fail`` for a completed attempt (another
-decode rank failed it) releases it again. ``Report`` runs the decode step of every ready
-request, on every rank of the group at once (``decode_report``).
+Rank ``b`` of a decode group of ``dcp_size`` owns positions ``j % dcp_size == b``
+(``planning.pd_reshard``; ``dcp_size`` 1 is the non-CP decode server) and has its own
+scheduler, pool, control listener and transfer engine. A prefill rank first exchanges
+layouts with it (``Hello``: a mismatch refuses every transfer, naming both). Per attempt it
+allocates pages for its positions and a receive slab (registered memory) every prefill rank
+writes its pieces for it into; the attempt completes only when every prefill rank reported
+its pieces landed and they cover its positions exactly once and tile the slab; they are
+then unpacked into its pool by page position, and only then does it acknowledge. A failure,
+a timeout or a missing page fails the attempt: its pages go back once no sender can still
+write into them (nothing else in the pool changes) and a retry is a new attempt on fresh
+pages. A request is ready when every decode rank completed the same attempt; a ``Fail`` for
+a completed attempt (another decode rank failed it) releases it. ``Report`` runs the decode
+step of every ready request, on every rank of the group at once (``decode_report``).
 """
 
 from __future__ import annotations
@@ -52,11 +50,11 @@ from cpkv_core.pd.protocol import (
     ReportReply,
     Verdict,
 )
-from cpkv_core.pd.receive import ArenaFullError, ReceiveArena, tiling_error, unpack_pieces
+from cpkv_core.pd.receive import ArenaFullError, ReceiveArena, Shard, rebuild
 from cpkv_core.pd.transport import LOOPBACK, Transport
 from cpkv_core.pd.wire import Message
 from cpkv_core.planning import BatchSpec, RequestSpec, Scheduler
-from cpkv_core.planning.pd_reshard import decode_first_rows, decode_positions, decode_tokens
+from cpkv_core.planning.pd_reshard import decode_tokens
 from cpkv_core.runtime.reference import ReferenceModel
 
 
@@ -129,8 +127,7 @@ class DecodeServer(ControlServer, ProbeScratch):
     def close(self) -> None:
         """Unregisters this server's memory and closes its listener."""
         self.transport.unregister(self.arena.buffer)
-        for scratch in list(self.probes.values()):
-            self.transport.unregister(scratch)
+        self.close_probes()
         self.listener.close()
 
     def _dispatch(self, message: Message | None) -> Message | None:
@@ -284,21 +281,13 @@ class DecodeServer(ControlServer, ProbeScratch):
         """Every sender reported: ready iff the pieces cover this rank's positions exactly
         once and tile the slab; then they are unpacked into the pool by page position."""
         pieces = [piece for rank_pieces in attempt.done.values() for piece in rank_pieces]
-        covered = sorted(p for piece in pieces for p in piece.positions)
-        ps, size = self.spec.page_size, self.spec.dcp_size
-        pages = -(-attempt.seq_len // ps)
-        mine = decode_positions(pages, self.dcp_rank, size)
-        if covered != mine.tolist():
-            self._fail(attempt, f"pieces cover positions {covered}, need {mine.tolist()} once")
-            return
         offset, nbytes = self.arena.slab(attempt.key)
-        tiling = tiling_error(pieces, nbytes, attempt.seq_len, ps, self.token_bytes)
-        if tiling:
-            self._fail(attempt, tiling)
-            return
-        first_rows = decode_first_rows(self._table(attempt), pages, ps, self.dcp_rank, size)
+        shard = Shard(self.spec.page_size, self.dcp_rank, self.spec.dcp_size)
         slab = self.arena.buffer[offset : offset + nbytes]
-        unpack_pieces(self.views, slab, pieces, first_rows, attempt.seq_len, ps)
+        error = rebuild(self.views, slab, pieces, attempt.seq_len, self._table(attempt), shard)
+        if error:
+            self._fail(attempt, error)
+            return
         self.arena.free(attempt.key)
         attempt.state = AttemptState.READY
         self.cond.notify_all()

@@ -1,20 +1,19 @@
 """The PD prefill side: each CP rank streams the pages it owns of every request, as they fill,
 to the decode rank that owns each of them.
 
-First, the rank exchanges layouts with every decode rank (``links.handshake``); a mismatch
+First the rank exchanges layouts with every decode rank (``links.handshake``); a mismatch
 refuses every transfer at once, naming both layouts. Per request: at its first chunk, ask
 every decode rank for its pages and a receive slab (every prefill rank asks; the answer is
-the same). After every batch, queue the owned pages that batch completed, each for the
-decode rank that owns its position (``planning.pd_reshard``); once enough bytes are queued,
-or a request's final chunk is written, pack every queued piece, destination by
-destination, into one of this rank's two staging buffers (registered once per process,
-reused) and hand them to the writer thread, which writes them while the rank computes its
-next batch (``writer.PieceWriter``); once a request's final pieces landed, the writer thread
-reports the request's pieces to every decode rank. Once the trace is done, drain the writes
-and wait for every decode rank's verdict: a request is ready only when every decode rank
-completed it (one that did is told to drop it otherwise). The rank releases a request's
-pages only after that ack (page reuse waits for it); on a failure it keeps them, reports the
-error naming the request and rank, and may retry: a retry sends the whole request again.
+the same). After every batch, queue the owned pages it completed, each for the decode rank
+that owns its position (``planning.pd_reshard``); once enough bytes wait, or a request's
+final chunk is written, pack the queue destination by destination into one of two staging
+buffers (registered once per process) and hand it to the writer thread, which writes while
+the rank computes its next batch (``writer.PieceWriter``) and reports a request's pieces to
+every decode rank once its last ones landed. After the trace, drain the writes and await
+every decode rank's verdict: a request is ready only when every decode rank completed it
+(the ones that did are told to drop it otherwise). The rank releases a request's pages only
+after that ack; on a failure it keeps them, names the request and rank, and may retry the
+whole request as a new attempt.
 """
 
 from __future__ import annotations

@@ -128,6 +128,13 @@ class ProbeScratch:
             self.probes[scratch.data_ptr()] = scratch
         return ProbeReply(self.transport.session, scratch.data_ptr())
 
+    def close_probes(self) -> None:
+        """Unregisters every scratch buffer still held."""
+        with self._probes_lock:
+            scratches, self.probes = list(self.probes.values()), {}
+        for scratch in scratches:
+            self.transport.unregister(scratch)
+
     def _on_probe_end(self, msg: ProbeEnd) -> None:
         with self._probes_lock:
             scratch = self.probes.pop(msg.address, None)
