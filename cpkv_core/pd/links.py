@@ -53,19 +53,20 @@ class DecodeLinks:
 
 
 def handshake(links: DecodeLinks, rank: int, layout: PdLayout) -> str:
-    """Exchanges layouts with every decode rank before any page moves; returns why the
-    transfer is refused (both layouts named), or "" when every rank agrees.
+    """Exchanges layouts with every decode rank before any page moves (each of them, so
+    every decode rank learns of a mismatch); returns why the transfer is refused (the first
+    refusal, both layouts named), or "" when every rank agrees.
 
     Raises:
         OSError, EOFError: a decode rank is unreachable.
     """
+    refusals = []
     for dest in range(links.size):
         reply = links.call(dest, Hello(rank, layout))
         if not isinstance(reply, HelloReply):
-            return f"decode rank {dest} answered the handshake with {reply}"
-        if reply.dcp_rank != dest:
-            return f"address {dest} of the decode group is decode rank {reply.dcp_rank}"
-        refused = reply.refused or layout_mismatch(layout, reply.layout, dest)
-        if refused:
-            return refused
-    return ""
+            refusals.append(f"decode rank {dest} answered the handshake with {reply}")
+        elif reply.dcp_rank != dest:
+            refusals.append(f"address {dest} of the decode group is decode rank {reply.dcp_rank}")
+        else:
+            refusals.append(reply.refused or layout_mismatch(layout, reply.layout, dest))
+    return next((r for r in refusals if r), "")
