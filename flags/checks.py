@@ -41,7 +41,8 @@ class ProblemCode(StrEnum):
     """A phase flag is on but the flag of a phase it needs is off."""
     STARTUP_CONTRACT = "STARTUP_CONTRACT"
     """A flagged phase's own start-up contract (``phases``) does not hold for the
-    deployment the flags describe (e.g. phase 2 with a CP decode side)."""
+    deployment the flags describe (e.g. phase 2 under PD with a transfer backend other than
+    Mooncake)."""
     SGLANG_ATTN_DP = "SGLANG_ATTN_DP"
     """SGLang 0.5.23 refuses the attention-DP layout (``--attn-dp-size``, ``--dp-size``)."""
     SGLANG_CP_STRATEGY_UNSET = "SGLANG_CP_STRATEGY_UNSET"

@@ -23,20 +23,21 @@ from phases.reasons import Reason
 
 
 class ShardedKVStartup(StartupContract):
-    """Sharded KV needs a decode side that can rebuild the full layout from owned pages."""
+    """Sharded KV needs a PD transfer that moves owned pages with their logical positions.
+
+    Any decode CP size is served: the prefill ranks re-shard their owned pages to the
+    decode ranks that own them (``planning.pd_reshard``), a non-CP decode server (1)
+    included.
+    """
 
     pd_backend: Literal[TransferBackend.MOONCAKE] | None
     """needs Mooncake (owned-page transfer with logical positions) or no PD"""
-    decode_cp_size: Literal[1]
-    """needs a non-CP decode server (1): it rebuilds the full layout from owned pages"""
 
     @classmethod
     def from_deployment(cls, deploy: DeploymentConfig) -> Self:
         """See ``StartupContract.from_deployment``."""
         # NOTE: validated, not constructed: the fields are Literal rules a value may break.
-        return cls.model_validate(
-            {"pd_backend": deploy.pd_backend, "decode_cp_size": deploy.decode_cp_size}
-        )
+        return cls.model_validate({"pd_backend": deploy.pd_backend})
 
 
 class ShardedKV:

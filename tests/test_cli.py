@@ -14,6 +14,13 @@ from typer.testing import CliRunner
 from cpkv.cli import app
 from cpkv.render.reports import render_dry_run
 from cpkv.run.dry_run import DryRunReport, LevelDryRun
+from cpkv.run.jobs import final_seq_lens
+from cpkv_core.config import IndexKDtype
+from cpkv_core.planning.pd_reshard import decode_tokens
+from cpkv_core.traces.trace import load_trace
+from tests.conftest import DATA, tiny_row_bytes
+
+FP8 = IndexKDtype.FP8_E4M3
 
 runner = CliRunner()
 
@@ -175,25 +182,21 @@ def test_published_presets_are_for_planning_only(mixed_trace_path: Path) -> None
 
 
 @pytest.mark.gloo
-def test_pd_json_round_trips(mixed_trace_path: Path) -> None:
-    result = runner.invoke(
-        app,
-        [
-            "pd",
-            str(mixed_trace_path),
-            "--phases",
-            "all",
-            "--cp-size",
-            "2",
-            "--page-size",
-            "4",
-            "--json",
-        ],
-    )
+def test_pd_json_round_trips() -> None:
+    """docs/pd.md's re-shard, on page 16: cp 4 to two decode ranks, every level on."""
+    args = ["pd", str(DATA / "long.jsonl"), "--phases", "all", "--cp-size", "4"]
+    result = runner.invoke(app, [*args, "--page-size", "16", "--decode-cp-size", "2", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["ok"] is True and doc["cp_size"] == 2
-    assert {r["rid"] for r in doc["requests"]} == set("abcdefg")
+    assert doc["ok"] is True and doc["cp_size"] == 4 and doc["decode_cp_size"] == 2
+    lens = final_seq_lens(load_trace(DATA / "long.jsonl", 16).batches)
+    assert [r["rid"] for r in doc["requests"]] == list(lens)
     for request in doc["requests"]:
-        assert request["ok"] and request["kv_equal"] and request["decode_max_abs_diff"] == 0.0
-        assert len(request["bytes_by_rank"]) == 2
+        assert request["ok"] and request["kv_equal"] and request["decode_topk_equal"]
+        assert request["level"] == 5 and 0.0 <= request["decode_max_abs_diff"] <= 1e-5
+        pairs = request["bytes_by_pair"]
+        assert [sum(row) for row in pairs] == request["bytes_by_rank"] and len(pairs) == 4
+        # each decode rank received exactly the tokens of its positions, from their owners
+        received = [sum(row[b] for row in pairs) for b in range(2)]
+        n = lens[request["rid"]]
+        assert received == [decode_tokens(n, 16, b, 2) * tiny_row_bytes(FP8) for b in range(2)]

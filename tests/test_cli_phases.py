@@ -176,6 +176,18 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
     assert pd["ceiling_ratio"] > 0 and pd["group_ceiling_ratio"] > 0 and pd["of_ceiling"] > 0
     assert pd["exposed_fraction"] > 0
     assert all(row["exposed_seconds_by_rank"] for row in pd["levels"])
+    # the top level re-sharded: M = 1 (the level-5 row), M = N = 4 and M = 2 != N
+    reshard = pd["by_decode_cp_size"]
+    assert [row["decode_cp_size"] for row in reshard] == [1, 4, 2]
+    assert reshard[0] == {**pd["levels"][-1], "throughput_ratio": reshard[0]["throughput_ratio"]}
+    for row in reshard:
+        pairs = row["bytes_by_pair"]
+        assert len(pairs) == 4 and all(len(dests) == row["decode_cp_size"] for dests in pairs)
+        assert [sum(dests) for dests in pairs] == row["bytes_by_rank"]
+        assert sum(row["bytes_by_rank"]) == tokens * pd["row_bytes_per_token"]
+        calls, descriptors = row["write_calls_by_rank"], row["descriptors_by_rank"]
+        assert all(0 < c <= d for c, d in zip(calls, descriptors, strict=True))
+        assert row["throughput_ratio"] > 0
     level5 = [row for row in doc["write_path"] if row["level"] == 5 and row["phase"] == 5]
     assert level5 and all(row["write_path_bytes"] == 0 for row in level5)
     assert doc["step_time"]["levels"][0]["ratio_to_level0"] == 1.0

@@ -46,6 +46,9 @@ COVERED = {
     "cpkv pd tests/data/mixed.jsonl --phases all --cp-size 2 --page-size 4 --json": (
         "tests/test_cli.py::test_pd_json_round_trips"
     ),
+    "cpkv pd tests/data/long.jsonl --phases all --cp-size 4 --decode-cp-size 2 --json": (
+        "tests/test_cli.py::test_pd_json_round_trips"
+    ),
     "cpkv verify tests/data/mixed.jsonl --phases all --cp-size 2 --page-size 4 --materialize "
     "peer-read --backend gloo --json": (
         "tests/test_peer_read.py::"

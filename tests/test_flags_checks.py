@@ -49,12 +49,11 @@ def test_allows_page_aligned_split_and_direct_write_with_round_robin() -> None:
     assert texts(make_flags((2, 4, 5), nsa_prefill_cp_mode=CpMode.ROUND_ROBIN_SPLIT)) == []
 
 
-def test_rejects_shared_kv_with_cp_decode_side() -> None:
-    found = texts(make_flags((2,), disaggregation_decode_cp_size=2))
-    assert found == [
-        "STARTUP_CONTRACT phase=2 disaggregation_decode_cp_size=2 needs a non-CP decode server "
-        "(1): it rebuilds the full layout from owned pages"
-    ]
+def test_allows_shared_kv_with_cp_decode_side() -> None:
+    """PD re-shards owned pages from cp N to the decode ranks that own them (docs/pd.md)."""
+    assert texts(make_flags((2,), disaggregation_decode_cp_size=2)) == []
+    pd = {"disaggregation_mode": DisaggregationMode.PREFILL, "disaggregation_decode_cp_size": 4}
+    assert texts(make_flags((2, 3, 4, 5), **pd)) == []
 
 
 def test_rejects_shared_kv_with_non_mooncake_backend_under_pd() -> None:

@@ -10,25 +10,21 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
+from cpkv.run.jobs import final_seq_lens
 from cpkv.run.pd import PdJob, run_pd
 from cpkv_core.config import CpMode, model_preset
+from cpkv_core.dist import LocalGroup
 from cpkv_core.pd.decode import DecodeServer
-from cpkv_core.pd.pack import pack_rows
+from cpkv_core.pd.decode_group import DecodeSpec
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Fail, Piece
-from cpkv_core.pd.receive import tiling_error, unpack_pieces
+from cpkv_core.pd.receive import tiling_error
 from cpkv_core.pd.target import MIN_WRITE_BYTES, STAGING_BYTES, PdFaults
 from cpkv_core.pd.transport import TransferError, Write
-from cpkv_core.pd.writer import Outgoing, PieceWriter
+from cpkv_core.pd.writer import PieceWriter
+from cpkv_core.pd.writes import Outgoing
 from cpkv_core.planning import SplitStrategy
-from cpkv_core.planning.pd_pack import (
-    completed_pages,
-    rank_pieces,
-    sender_first_rows,
-    token_rows,
-)
+from cpkv_core.planning.pd_reshard import pair_tokens
 from cpkv_core.runtime.kv_pool import kv_bytes_per_page
 from cpkv_core.traces.trace import load_trace
 from phases.ids import PhaseId
@@ -36,6 +32,8 @@ from tests.conftest import DATA, make_deploy
 
 TINY = model_preset("tiny")
 ALL = frozenset(PhaseId)
+TOKEN_BYTES = 456
+"""The tiny model's bytes a token (2 layers x 228 B)."""
 
 
 def pd_job(
@@ -47,8 +45,11 @@ def pd_job(
     min_write_bytes: int = MIN_WRITE_BYTES,
     overlap: bool = True,
     cp_mode: CpMode = CpMode.IN_SEQ_SPLIT,
+    decode_cp_size: int = 1,
 ) -> PdJob:
-    deploy = make_deploy(cp_size, page_size, cp_mode)
+    deploy = make_deploy(cp_size, page_size, cp_mode).model_copy(
+        update={"decode_cp_size": decode_cp_size}
+    )
     batches = load_trace(DATA / f"{trace}.jsonl", page_size).batches
     return PdJob(
         deploy,
@@ -61,127 +62,6 @@ def pd_job(
     )
 
 
-def _stream(
-    table: list[int],
-    seq_len: int,
-    chunk_ends: list[int],
-    page_size: int,
-    cp_size: int,
-    token_bytes: int,
-    capacity: int,
-) -> dict[int, list[tuple[int, np.ndarray]]]:
-    """Every rank's writes, step by step, as ``PdSender`` plans them."""
-    by_rank: dict[int, list[tuple[int, np.ndarray]]] = {r: [] for r in range(cp_size)}
-    sent_upto = cursor = 0
-    for end in chunk_ends:
-        stop = completed_pages(end, page_size, final=end == seq_len)
-        if stop <= sent_upto:
-            continue
-        cursors = set()
-        for rank in range(cp_size):
-            pieces, next_cursor = rank_pieces(
-                np.asarray(table),
-                sent_upto,
-                stop,
-                seq_len,
-                page_size,
-                cp_size,
-                rank,
-                token_bytes,
-                cursor,
-                capacity,
-            )
-            by_rank[rank] += pieces
-            cursors.add(next_cursor)
-        assert len(cursors) == 1, cursors  # every rank computes the same layout
-        sent_upto, cursor = stop, cursors.pop()
-    assert sent_upto == len(table) and cursor == seq_len * token_bytes
-    return by_rank
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    cp_size=st.integers(1, 4),
-    page_size=st.sampled_from([1, 4, 16]),
-    seq_len=st.integers(1, 120),
-    sharded=st.booleans(),
-    widths=st.lists(st.integers(1, 12), min_size=1, max_size=6),
-    capacity_pages=st.integers(1, 5),
-    data=st.data(),
-)
-def test_streamed_pieces_tile_the_slab_and_unpack_byte_for_byte(
-    cp_size: int,
-    page_size: int,
-    seq_len: int,
-    sharded: bool,
-    widths: list[int],
-    capacity_pages: int,
-    data: st.DataObject,
-) -> None:
-    """Pack index math and tensor ops together, in process: the pieces every rank writes,
-    chunk by chunk, hold each page once, from its owner, tile the receive slab exactly, and
-    unpack by page position into the decode pool byte for byte."""
-    pages = -(-seq_len // page_size)
-    table = data.draw(st.lists(st.integers(0, 199), min_size=pages, max_size=pages, unique=True))
-    dst_table = np.asarray(data.draw(st.permutations(range(pages))), dtype=np.int64)
-    cuts = data.draw(st.lists(st.integers(1, seq_len), max_size=4))
-    chunk_ends = sorted({*cuts, seq_len})
-    token_bytes = sum(widths)
-    by_rank = _stream(
-        table,
-        seq_len,
-        chunk_ends,
-        page_size,
-        cp_size,
-        token_bytes,
-        capacity_pages * page_size * token_bytes,
-    )
-    # Each rank's pool: random bytes, at physical rows (sharded) or logical rows.
-    pool_pages = 200 if not sharded else -(-200 // cp_size)
-    gen = torch.Generator().manual_seed(seq_len)
-    pools = [
-        [
-            torch.randint(0, 256, (pool_pages * page_size, w), dtype=torch.uint8, generator=gen)
-            for w in widths
-        ]
-        for _ in range(cp_size)
-    ]
-    slab = torch.zeros(seq_len * token_bytes, dtype=torch.uint8)
-    pieces = []
-    for rank, writes in by_rank.items():
-        first_rows = sender_first_rows(np.asarray(table), page_size, cp_size, sharded)
-        for offset, positions in writes:
-            assert all(table[j] % cp_size == rank for j in positions)
-            rows = token_rows(first_rows, positions, seq_len, page_size)
-            block = torch.zeros(len(rows) * token_bytes, dtype=torch.uint8)
-            pack_rows(pools[rank], torch.from_numpy(rows), block)
-            slab[offset : offset + len(block)] = block
-            pieces.append(Piece(offset, tuple(int(p) for p in positions)))
-            assert len(block) <= capacity_pages * page_size * token_bytes
-    covered = sorted(p for piece in pieces for p in piece.positions)
-    assert covered == list(range(pages))
-    assert tiling_error(pieces, len(slab), seq_len, page_size, token_bytes) == ""
-    decode = [torch.zeros(pages * page_size, w, dtype=torch.uint8) for w in widths]
-    unpack_pieces(decode, slab, pieces, dst_table * page_size, seq_len, page_size)
-    for j in range(pages):
-        owner = table[j] % cp_size
-        src = (table[j] // cp_size if sharded else table[j]) * page_size
-        dst = int(dst_table[j]) * page_size
-        n = min(page_size, seq_len - j * page_size)
-        for want, got in zip(pools[owner], decode, strict=True):
-            assert torch.equal(got[dst : dst + n], want[src : src + n])
-
-
-def test_pieces_of_each_step_land_in_rank_order_after_earlier_steps() -> None:
-    """docs/pd.md's example: cp 2, page 4, 2 bytes a token, 15 tokens in chunks of 9 and 6."""
-    table = np.arange(4)
-    writes = _stream(list(table), 15, [9, 15], 4, 2, 2, 1 << 20)
-    assert {r: [(o, list(p)) for o, p in w] for r, w in writes.items()} == {
-        0: [(0, [0]), (16, [2])],
-        1: [(8, [1]), (24, [3])],
-    }
-
-
 def test_overlapping_pieces_do_not_tile_the_slab() -> None:
     pieces = [Piece(0, (0, 1)), Piece(4, (2,))]  # page 4, 1 byte a token: [0, 8) and [4, 8)
     assert "overlap" in tiling_error(pieces, 12, 12, 4, 1)
@@ -191,12 +71,13 @@ def test_overlapping_pieces_do_not_tile_the_slab() -> None:
 @pytest.mark.gloo
 def test_decode_rebuilds_every_level_byte_for_byte() -> None:
     """Levels 0, 2, 3 (mixed trace) and 4, 5 (long requests) at cp_size 1, 2 and 4, and
-    level 5 under round-robin (the page interleave) at cp_size 2: one
-    4-rank prefill spawn, one decode process. cp 1 writes after every batch (on the mixed
-    trace synchronously, overlap off: the rank's wait is all its send time); cp 2 too, with
-    a staging buffer of one page (every page a piece of its own); cp 4 queues up to the
-    default bytes, and writes them when some request's final chunk is done. Every other job
-    writes on its ranks' writer threads."""
+    level 5 under round-robin (the page interleave) at cp_size 2: one 4-rank prefill
+    spawn, one decode process (re-sharded runs: ``tests/test_cli.py``, the fault tests
+    below, and in process ``test_pd_grid.py``). cp 1 writes
+    after every batch (on the mixed trace synchronously, overlap off: the rank's wait is
+    all its send time); cp 2 too, with a staging buffer of one page (every page a piece of
+    its own); cp 4 queues up to the default bytes, and writes them when some request's
+    final chunk is done. Every other job writes on its ranks' writer threads."""
     page_bytes = kv_bytes_per_page(TINY, make_deploy().index_k_dtype, 4)
     writes = {1: (STAGING_BYTES, 0), 2: (page_bytes, 0), 4: (STAGING_BYTES, MIN_WRITE_BYTES)}
     jobs = []
@@ -256,7 +137,8 @@ def test_failed_and_timed_out_transfers_leave_no_request_ready() -> None:
     faults = PdFaults(fail=("a", 1), stall=("b", 0))
     # NOTE: after a rejected write Mooncake's TCP transport re-establishes the session, and
     # the rank's next write took ~4 s here; the timeout leaves ample room for that.
-    (report,), _ = run_pd(TINY, [pd_job("pd_small", 2, (2,))], timeout_s=12.0, faults=faults)
+    job = pd_job("pd_small", 2, (2,), decode_cp_size=2)
+    (report,), _ = run_pd(TINY, [job], timeout_s=12.0, faults=faults)
     by_rid = {r.rid: r for r in report.requests}
     failed, stalled, fine = by_rid["a"], by_rid["b"], by_rid["c"]
     for result in (failed, stalled):
@@ -270,17 +152,25 @@ def test_failed_and_timed_out_transfers_leave_no_request_ready() -> None:
 
 @pytest.mark.gloo
 def test_a_failed_transfer_can_be_retried() -> None:
-    (report,), _ = run_pd(
-        TINY, [pd_job("pd_small", 2, (5,))], faults=PdFaults(fail=("a", 0)), retries=1
-    )
+    job = pd_job("pd_small", 2, (5,), decode_cp_size=2)
+    (report,), (runs,) = run_pd(TINY, [job], faults=PdFaults(fail=("a", 0)), retries=1)
     assert report.ok
     retried = next(r for r in report.requests if r.rid == "a")
     assert retried.kv_equal and any("attempt 0" in e for e in retried.errors)
+    # each prefill rank wrote each decode rank the tokens of the positions both own, the
+    # retry (every position at once) included
+    tables = {r.rid: r.page_table for step in runs[0].steps for r in step.scheduled.requests}
+    lens = final_seq_lens(job.batches)
+    for result in report.requests:
+        table = np.asarray(tables[result.rid])
+        pairs = pair_tokens(table, 0, len(table), lens[result.rid], 4, 2, 2)
+        assert [list(row) for row in result.bytes_by_pair] == (pairs * TOKEN_BYTES).tolist()
 
 
 @pytest.mark.gloo
 def test_decode_server_killed_mid_transfer_marks_nothing_ready() -> None:
-    (report,), _ = run_pd(TINY, [pd_job("pd_small", 2, (2,))], die_on_done_of="j0/0/b")
+    job = pd_job("pd_small", 2, (2,), decode_cp_size=2)
+    (report,), _ = run_pd(TINY, [job], die_on_done_of="j0/0/b")
     assert not report.ok
     assert report.errors and "decode server unreachable" in report.errors[0]
     for result in report.requests:  # every request was in flight: none was acknowledged
@@ -292,7 +182,7 @@ def test_decode_server_killed_mid_transfer_marks_nothing_ready() -> None:
 def test_failed_attempt_pages_stay_quarantined_until_every_sender_settled() -> None:
     """In-process decode server, handlers called directly: a late write from a failed
     attempt can never land in pages a retry or another request holds."""
-    server = DecodeServer(TINY, 4, make_deploy().index_k_dtype, 64, 5.0, b"k")
+    server = DecodeServer(DecodeSpec(TINY, 4, make_deploy().index_k_dtype, 64, 5.0), b"k")
     try:
         first = server._on_alloc(Alloc("r", 0, 10, 3, senders=2))
         assert isinstance(first, AllocReply)
@@ -313,14 +203,36 @@ def test_failed_attempt_pages_stay_quarantined_until_every_sender_settled() -> N
             retry.page_table
         ) + len(first.page_table)
     finally:
-        server.transport.close()
-        server.listener.close()
+        server.close()
+
+
+def test_a_completed_attempt_is_dropped_when_another_decode_rank_failed_it() -> None:
+    """Decode rank 1 of 2, handlers called directly: every prefill rank's pieces landed
+    and the attempt completed, then a prefill rank reports that decode rank 0 failed it
+    (its ``Fail`` after the verdicts): the attempt fails and its pages go back."""
+    (_, comm) = LocalGroup(2).communicators()
+    spec = DecodeSpec(TINY, 4, make_deploy().index_k_dtype, 64, 5.0, dcp_size=2)
+    server = DecodeServer(spec, b"k", comm)
+    try:
+        free = server.scheduler.allocator.num_free_pages
+        reply = server._on_alloc(Alloc("r", 0, 14, 3, senders=2))  # positions 0-3: 1, 3 here
+        assert isinstance(reply, AllocReply) and len(reply.page_table) == 2
+        tokens = server.token_bytes
+        server._on_done(Done("r", 0, 0, (Piece(0, (1,)),), 4 * tokens))
+        server._on_done(Done("r", 0, 1, (Piece(4 * tokens, (3,)),), 2 * tokens))
+        assert server._on_await(Await("r", 0, 0)).ready
+        server._on_fail(Fail("r", 0, 1, "decode rank 0 failed the attempt: timed out"))
+        verdict = server._on_await(Await("r", 0, 0))
+        assert not verdict.ready and "decode rank 0 failed" in verdict.reason
+        assert server.scheduler.allocator.num_free_pages == free
+    finally:
+        server.close()
 
 
 def test_the_deadline_runs_from_the_first_report_not_from_the_first_chunk() -> None:
     """Streaming senders allocate at a request's first chunk; a prefill longer than the
     timeout must not fail an attempt whose last sender reports just after another awaits."""
-    server = DecodeServer(TINY, 4, make_deploy().index_k_dtype, 64, 0.3, b"k")
+    server = DecodeServer(DecodeSpec(TINY, 4, make_deploy().index_k_dtype, 64, 0.3), b"k")
     try:
         assert isinstance(server._on_alloc(Alloc("r", 0, 10, 3, senders=2)), AllocReply)
         time.sleep(0.4)  # later chunks prefill for longer than the timeout
@@ -330,8 +242,7 @@ def test_the_deadline_runs_from_the_first_report_not_from_the_first_chunk() -> N
         threading.Timer(0.05, server._on_done, (late,)).start()
         assert server._on_await(Await("r", 0, 0)).ready
     finally:
-        server.transport.close()
-        server.listener.close()
+        server.close()
 
 
 class _FakeTransport:

@@ -13,6 +13,7 @@ import pytest
 from cpkv.run.pd import PdHosts, PdJob, run_pd
 from cpkv_core.config import model_preset
 from cpkv_core.pd.decode import DecodeServer
+from cpkv_core.pd.decode_group import DecodeSpec
 from cpkv_core.traces.trace import load_trace
 from flags import FlagSet, ProblemCode, check_flags, parse_config_text
 from phases.ids import PhaseId
@@ -23,13 +24,13 @@ DECODE_HOST, PREFILL_HOST = "127.0.0.2", "127.0.0.3"
 
 
 def test_decode_server_binds_and_names_its_session_by_the_configured_host() -> None:
-    server = DecodeServer(TINY, 4, make_deploy().index_k_dtype, 8, 5.0, b"k", host=DECODE_HOST)
+    spec = DecodeSpec(TINY, 4, make_deploy().index_k_dtype, 8, 5.0)
+    server = DecodeServer(spec, b"k", host=DECODE_HOST)
     try:
         assert server.address[0] == DECODE_HOST
         assert server.transport.session.startswith(f"{DECODE_HOST}:")
     finally:
-        server.transport.close()
-        server.listener.close()
+        server.close()
 
 
 @pytest.mark.gloo

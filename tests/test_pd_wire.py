@@ -24,6 +24,7 @@ from cpkv_core.config import model_preset
 from cpkv_core.dist.typed.tensor_data import DTYPES, TensorData, from_data, to_data
 from cpkv_core.pd import protocol
 from cpkv_core.pd.decode import DecodeServer
+from cpkv_core.pd.decode_group import DecodeSpec
 from cpkv_core.pd.protocol import (
     Alloc,
     AllocReply,
@@ -31,6 +32,9 @@ from cpkv_core.pd.protocol import (
     Done,
     ErrorReply,
     Fail,
+    Hello,
+    HelloReply,
+    PdLayout,
     Piece,
     Probe,
     ProbeEnd,
@@ -46,7 +50,12 @@ from tests.conftest import make_deploy
 
 TENSOR = to_data(torch.arange(6, dtype=torch.bfloat16).reshape(2, 3))
 
+LAYOUT = PdLayout(2, 64, (2048, 128, 4) * 61, ("bfloat16", "float8_e4m3fn", "float32"), 4, 2)
+
 EXAMPLES = [
+    Hello(3, LAYOUT),
+    HelloReply(1, LAYOUT, ""),
+    HelloReply(0, LAYOUT, "PD layouts differ in page_size: prefill {...} vs decode rank 0 {...}"),
     Alloc("j0/0/a", 1, 300, 17, senders=4),
     AllocReply("a", 0, "127.0.0.1:15000", (3, 1, 2), 140_000_000_000, (576, 128, 4)),
     Done("a", 0, 3, (Piece(0, (0, 4)), Piece(4096, ())), 8192),
@@ -258,7 +267,8 @@ def test_identical_compares_bytes_and_never_matches_nan() -> None:
 @pytest.fixture
 def serving() -> Any:
     """An in-process decode server on loopback, serving on a thread."""
-    server = DecodeServer(model_preset("tiny"), 4, make_deploy().index_k_dtype, 16, 5.0, b"k")
+    spec = DecodeSpec(model_preset("tiny"), 4, make_deploy().index_k_dtype, 16, 5.0)
+    server = DecodeServer(spec, b"k")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -269,7 +279,6 @@ def serving() -> Any:
                 conn.send_bytes(encode(Shutdown()))
                 conn.recv_bytes()
         thread.join(10)
-        server.listener.close()
 
 
 def _ask(conn: Any, frame: bytes) -> Any:

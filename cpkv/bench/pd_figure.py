@@ -1,5 +1,7 @@
 """The PD figure of ``cpkv bench``: the bytes and send times of every level, and the headline
-throughput ratios to one large write and to the ceiling (:mod:`cpkv.bench.pd` measures it)."""
+throughput ratios to one large write and to the ceiling; then the same at the top level
+re-sharded to decode groups of M = 1, M = N and M != N ranks (:mod:`cpkv.bench.pd` measures
+it)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,18 @@ class PdBytes:
     """... median over repeats of the ranks' summed write times (as the send path's) ..."""
     concurrent_group_seconds: float
     """... and median over repeats of the time any rank was writing."""
+    descriptors_by_rank: tuple[int, ...] = ()
+    """(source, destination, length) descriptors each rank's write calls carried."""
+    bytes_by_pair: tuple[tuple[int, ...], ...] = ()
+    """``[prefill rank][decode rank]`` bytes: what each prefill rank wrote to each decode
+    rank (one column for a non-CP decode server)."""
+    decode_cp_size: int = 1
+    """Decode ranks the level was sent to."""
+
+    @property
+    def throughput_ratio(self) -> float:
+        """This level's send path over its large write."""
+        return self.mib_per_second / self.large_write_mib_per_second
 
     @property
     def max_share(self) -> float:
@@ -82,6 +96,9 @@ class PdFigure:
     """The model measured (the bench's, with ``ROWS_OF``'s row widths)."""
     row_bytes_per_token: int
     """KV bytes of one token, every layer (latent, index K and scale)."""
+    reshard: tuple[PdBytes, ...] = ()
+    """The top level sent to decode groups of M = 1 (the last of ``levels``), M = N and
+    M != N ranks, each measured after its own warm-up run."""
 
     @property
     def send_mib_per_second(self) -> float:
@@ -154,18 +171,8 @@ class PdFigure:
     def to_json(self) -> dict[str, Any]:
         """The ``pd`` object of ``cpkv bench --json``."""
         return {
-            "levels": [
-                asdict(row)
-                | {
-                    "max_share": row.max_share,
-                    "mib_per_second": row.mib_per_second,
-                    "group_mib_per_second": row.group_mib_per_second,
-                    "large_write_mib_per_second": row.large_write_mib_per_second,
-                    "concurrent_mib_per_second": row.concurrent_mib_per_second,
-                    "concurrent_group_mib_per_second": row.concurrent_group_mib_per_second,
-                }
-                for row in self.levels
-            ],
+            "levels": [_row_json(row) for row in self.levels],
+            "by_decode_cp_size": [_row_json(row) for row in self.reshard],
             "model": self.model,
             "row_bytes_per_token": self.row_bytes_per_token,
             "send_mib_per_second": self.send_mib_per_second,
@@ -180,3 +187,15 @@ class PdFigure:
             "of_ceiling": self.of_ceiling,
             "exposed_fraction": self.exposed_fraction,
         }
+
+
+def _row_json(row: PdBytes) -> dict[str, Any]:
+    return asdict(row) | {
+        "max_share": row.max_share,
+        "mib_per_second": row.mib_per_second,
+        "group_mib_per_second": row.group_mib_per_second,
+        "large_write_mib_per_second": row.large_write_mib_per_second,
+        "concurrent_mib_per_second": row.concurrent_mib_per_second,
+        "concurrent_group_mib_per_second": row.concurrent_group_mib_per_second,
+        "throughput_ratio": row.throughput_ratio,
+    }

@@ -38,7 +38,8 @@ from cpkv_core.pd.pack import pack_rows, row_views
 from cpkv_core.pd.staging import STAGING_BUFFERS
 from cpkv_core.pd.target import STAGING_BYTES
 from cpkv_core.planning import ExecutionPlan, HostPlan, KvReadStrategy
-from cpkv_core.planning.pd_pack import rank_pieces, sender_first_rows, token_rows
+from cpkv_core.planning.pd_pack import sender_first_rows, token_rows
+from cpkv_core.planning.pd_reshard import reshard_pieces
 from cpkv_core.runtime import PagedKVPool, materialize
 from cpkv_core.runtime.collect import (
     collect_full_gather,
@@ -235,11 +236,11 @@ def _pd_pack(setup: PointSetup, num_layers: int) -> RowOp:
         table = np.asarray(req.page_table, dtype=np.int64)
         first_rows = sender_first_rows(table, ps, cp, sharded=True)
         token_bytes = setup.row_bytes * num_layers
-        owned, _ = rank_pieces(
-            table, 0, len(table), req.seq_len, ps, cp, RANK, token_bytes, 0, STAGING_BYTES
+        owned, _ = reshard_pieces(
+            table, 0, len(table), req.seq_len, ps, cp, RANK, 1, token_bytes, (0,), STAGING_BYTES
         )
-        for _, positions in owned:
-            rows = token_rows(first_rows, positions, req.seq_len, ps)
+        for piece in owned:
+            rows = token_rows(first_rows, piece.positions, req.seq_len, ps)
             pieces.append(torch.from_numpy(rows).to(setup.device))
 
     def run() -> None:

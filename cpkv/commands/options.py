@@ -146,6 +146,16 @@ LauncherOpt = Annotated[
         "auto",
     ),
 ]
+DecodeCpSizeOpt = Annotated[
+    int | None,
+    flag_option(
+        "--decode-cp-size",
+        "Decode CP ranks the prefill ranks re-shard to, each receiving the pages it owns "
+        "(page position % M); 1: a non-CP decode server.",
+        "1",
+        metavar="M",
+    ),
+]
 PdHostOpt = Annotated[
     str | None,
     flag_option(
@@ -179,6 +189,7 @@ class RunOptions:
     inject_fault: FaultOpt = None
     batch_timeout_s: BatchTimeoutOpt = None
     launcher: LauncherOpt = None
+    decode_cp_size: DecodeCpSizeOpt = None
     pd_host: PdHostOpt = None
 
     def settings(self) -> RunSettings:
@@ -199,6 +210,7 @@ class RunOptions:
             "batch_timeout_s": self.batch_timeout_s,
             "launcher": self.launcher,
             "pd_host": self.pd_host,
+            "disaggregation_decode_cp_size": self.decode_cp_size,
             "materialize": self.materialize,
             "materialize_prefetch": self.materialize_prefetch,
         }
@@ -232,7 +244,14 @@ VERIFY_OPTIONS = (
     "launcher",
 )
 """The run options of ``cpkv verify``, in the order its help lists them."""
-PD_OPTIONS = (*GATE_OPTIONS, *READ_OPTIONS, "device", *GUARD_OPTIONS, "pd_host")
+PD_OPTIONS = (
+    *GATE_OPTIONS,
+    *READ_OPTIONS,
+    "device",
+    *GUARD_OPTIONS,
+    "decode_cp_size",
+    "pd_host",
+)
 """The run options of ``cpkv pd``, in the order its help lists them."""
 
 Command = TypeVar("Command", bound=Callable[..., None])

@@ -1,5 +1,6 @@
-"""``cpkv pd``: prefill a trace on CP ranks and send every request to a non-CP decode process
-over Mooncake; check the rebuilt KV and a decode step against the reference."""
+"""``cpkv pd``: prefill a trace on CP ranks and send every request to a decode group over
+Mooncake (``--decode-cp-size`` ranks, 1: a non-CP decode process); check the rebuilt KV and
+a decode step against the reference."""
 
 from __future__ import annotations
 
@@ -38,10 +39,10 @@ def pd_command(
     retries: RetriesOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Prefill TRACE on CP ranks at the highest enabled level and send every request to a
-    non-CP decode process over Mooncake (TCP, at --pd-host). Checks the rebuilt KV byte for byte
-    and one decode step against the reference; exit 0 only when every request checks out.
-    --device meta: a dry run of the prefill."""
+    """Prefill TRACE on CP ranks at the highest enabled level and send every request to
+    --decode-cp-size decode processes over Mooncake (TCP, at --pd-host). Checks the rebuilt
+    KV byte for byte and one decode step against the reference; exit 0 only when every
+    request checks out. --device meta: a dry run of the prefill."""
     with bad_input_exits():
         settings = run.settings()
         trace = load_trace(trace_path, settings.deploy.page_size)

@@ -55,7 +55,9 @@ def run_pd_job(
 ) -> PdReport:
     """Prefills ``batches`` at the highest enabled level and sends every request to a decode
     process (``run.pd.run_pd``), with a status line on stderr."""
-    with err.status(f"prefill on {settings.deploy.cp_size} gloo ranks, transfer to decode"):
+    deploy = settings.deploy
+    ranks = f"{deploy.cp_size} gloo ranks"
+    with err.status(f"prefill on {ranks}, transfer to {deploy.decode_cp_size} decode rank(s)"):
         hosts = PdHosts(settings.pd_host, settings.pd_local_host)
         job = pd_job(settings, batches)
         (report,), _ = run_pd(model_preset(RUN_MODEL), [job], timeout_s, retries, hosts=hosts)

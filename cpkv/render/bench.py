@@ -1,5 +1,5 @@
-"""``cpkv bench``'s tables, one per figure (the ``cp_off``, ``peer_read``, ``overlap`` and
-``rollback`` ones in modules of their own)."""
+"""``cpkv bench``'s tables, one per figure (the ``cp_off``, ``peer_read``, ``overlap``,
+``rollback`` and PD ones in modules of their own)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from cpkv.bench.report import BenchReport
 from cpkv.render.balance import render_balance
 from cpkv.render.cells import figure_table, human_bytes
 from cpkv.render.cp_off import render_cp_off
+from cpkv.render.pd_bench import render_pd_figure
 from cpkv.render.peer_read import render_overlap, render_peer_read
 from cpkv.render.rollback import render_rollback
 
@@ -109,42 +110,7 @@ def render_bench(console: Console, report: BenchReport) -> None:
     render_overlap(console, report.overlap)
     render_rollback(console, report.rollback)
     render_balance(console, report.balance)
-    pd = figure_table(
-        f"PD: bytes each prefill rank sent for the trace (Mooncake, loopback; "
-        f"{report.pd.model}, {report.pd.row_bytes_per_token} B per token)",
-        (
-            "level",
-            "bytes by rank",
-            "writes by rank",
-            "busiest share",
-            "MiB/s",
-            "large write",
-            "ceiling",
-        ),
-    )
-    for sent in report.pd.levels:
-        pd.add_row(
-            str(sent.level),
-            " ".join(human_bytes(b) for b in sent.bytes_by_rank),
-            " ".join(map(str, sent.write_calls_by_rank)),
-            f"{sent.max_share:.3f}",
-            f"{sent.mib_per_second:.0f}",
-            f"{sent.large_write_mib_per_second:.0f}",
-            f"{sent.concurrent_mib_per_second:.0f}",
-        )
-    console.print(pd)
-    figure = report.pd
-    console.print(
-        f"PD send path {figure.send_mib_per_second:.0f} MiB/s (group "
-        f"{figure.group_mib_per_second:.0f}) vs one large write of the same bytes "
-        f"{figure.large_write_mib_per_second:.0f} MiB/s: ratio {figure.throughput_ratio:.2f} "
-        f"(group {figure.group_throughput_ratio:.2f}); medians over levels"
-    )
-    console.print(
-        f"PD ceiling, every rank writing its share in one call at once: ratio "
-        f"{figure.ceiling_ratio:.2f} (group {figure.group_ceiling_ratio:.2f}); the send "
-        f"path gets {figure.of_ceiling:.2f} of it"
-    )
+    render_pd_figure(console, report.pd)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 

@@ -53,14 +53,22 @@ def render_phases(console: Console, rows: list[dict[str, Any]]) -> None:
 
 
 def render_pd(console: Console, report: PdReport) -> None:
-    """One row per request: ready, rebuilt KV, decode step, bytes each prefill rank sent."""
+    """One row per request: ready, rebuilt KV, decode step (top-k and |diff|), bytes each
+    prefill rank sent."""
+    decode = (
+        "1 non-CP decode server"
+        if report.decode_cp_size == 1
+        else f"{report.decode_cp_size} decode CP ranks"
+    )
     table = figure_table(
-        f"PD: {report.cp_size} CP prefill ranks -> 1 non-CP decode server",
+        f"PD: {report.cp_size} CP prefill ranks -> {decode}",
         ("rid", "level", "ready", "KV rebuilt", "decode |diff|", "KiB sent by rank"),
     )
     table.add_column("errors")
     for r in report.requests:
         diff = "-" if r.decode_max_abs_diff is None else f"{r.decode_max_abs_diff:.3g}"
+        if r.ready and not r.decode_topk_equal:
+            diff += " [red]top-k differs[/red]"
         table.add_row(
             r.rid,
             str(r.level),
@@ -76,7 +84,7 @@ def render_pd(console: Console, report: PdReport) -> None:
     if report.ok:
         console.print(
             f"[green]OK[/green]: {len(report.requests)} requests rebuilt byte for byte on the "
-            "decode side, decode step equal to the reference"
+            "decode side, decode step equal to the reference (top-k sets exactly)"
         )
     else:
         bad = sum(not r.ok for r in report.requests)

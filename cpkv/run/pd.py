@@ -1,30 +1,34 @@
-"""``cpkv pd``: prefill on CP ranks, transfer every request to a non-CP decode process over
-Mooncake, and check the rebuilt KV and a decode step against the reference."""
+"""``cpkv pd``: prefill on CP ranks, transfer every request to a decode group over Mooncake
+(``decode_cp_size`` ranks, each receiving the pages it owns straight from their prefill
+owners; 1: a non-CP decode process), and check the rebuilt KV and a decode step against the
+reference."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 
 from cpkv.common.settings import RunSettings
-from cpkv.run.decode_process import DecodeServerError, start_decode
+from cpkv.run.decode_process import DecodeGroup, DecodeServerError, start_decode_group
 from cpkv.run.failure_summary import summarize_failures
-from cpkv.run.jobs import BatchProgress, LevelRun, job_for
-from cpkv.run.pd_check import PdReport, pd_results, reference_requests
+from cpkv.run.jobs import BatchProgress, LevelRun, final_seq_lens, job_for
+from cpkv.run.pd_check import PdReport, ReferenceRequest, pd_results, reference_requests
 from cpkv.run.runner import run_jobs_on_gloo
 from cpkv.run.shadow import ShadowEntry, shadow_fault, summarize
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.pd import (
+    ANY_PREFILL,
     LOOPBACK,
     MIN_WRITE_BYTES,
     STAGING_BYTES,
+    DecodeSpec,
     PdFaults,
     PdTarget,
     ReportReply,
 )
-from cpkv_core.planning import (
-    BatchSpec,
-)
+from cpkv_core.planning import BatchSpec
+from cpkv_core.planning.pd_reshard import decode_pages_per_rank
 from cpkv_core.runtime import SHADOW_TAG, Fault
 from phases import PhaseId
 
@@ -82,14 +86,50 @@ def pd_job(settings: RunSettings, batches: tuple[BatchSpec, ...]) -> PdJob:
     )
 
 
-def decode_pages_for(batches: Sequence[BatchSpec], page_size: int) -> int:
-    """Decode-side pages for every request of a trace (no prefix sharing there) plus the
-    decode step's token."""
-    seq_lens: dict[str, int] = {}
-    for batch in batches:
-        for req in batch.requests:
-            seq_lens[req.rid] = req.seq_len
-    return sum(-(-(n + 1) // page_size) for n in seq_lens.values())
+@dataclass(frozen=True, slots=True)
+class DecodeAs:
+    """A decode group configured apart from the prefill it serves (a drill of a mismatched
+    deployment, which the handshake refuses); None keeps the prefill's value."""
+
+    model: ModelConfig | None = None
+    page_size: int | None = None
+
+
+def decode_specs(
+    model: ModelConfig, jobs: Sequence[PdJob], timeout_s: float, decode_as: DecodeAs
+) -> dict[int, DecodeSpec]:
+    """One decode group per decode CP size of ``jobs``, its pools sized for every request
+    of every level of the jobs it serves (no prefix sharing there, one decode token each).
+
+    Jobs of one decode CP size share page size and index K dtype (one pool layout).
+    """
+    specs = {}
+    for size in dict.fromkeys(job.deploy.decode_cp_size for job in jobs):
+        served = [job for job in jobs if job.deploy.decode_cp_size == size]
+        first = served[0].deploy
+        pages = sum(
+            len(job.levels)
+            * decode_pages_per_rank(
+                list(final_seq_lens(job.batches).values()), first.page_size, size
+            )
+            for job in served
+        )
+        prefill = {job.deploy.cp_size for job in served}
+        spec = DecodeSpec(
+            model,
+            first.page_size,
+            first.index_k_dtype,
+            pages,
+            timeout_s,
+            size,
+            prefill.pop() if len(prefill) == 1 else ANY_PREFILL,
+        )
+        specs[size] = replace(
+            spec,
+            model=decode_as.model or spec.model,
+            page_size=decode_as.page_size or spec.page_size,
+        )
+    return specs
 
 
 def run_entries(level: int, run: LevelRun) -> list[ShadowEntry]:
@@ -105,6 +145,33 @@ def run_entries(level: int, run: LevelRun) -> list[ShadowEntry]:
     ]
 
 
+def _start_groups(
+    specs: dict[int, DecodeSpec], die_on_done_of: str | None, host: str
+) -> dict[int, DecodeGroup]:
+    """Every decode group, started at once (a process start costs seconds)."""
+    with ThreadPoolExecutor(len(specs)) as pool:
+        started = {
+            size: pool.submit(start_decode_group, spec, die_on_done_of, host)
+            for size, spec in specs.items()
+        }
+        return {size: future.result() for size, future in started.items()}
+
+
+def _report(group: DecodeGroup) -> tuple[list[ReportReply] | None, tuple[str, ...]]:
+    """A decode group's reports, or why it could not report."""
+    try:
+        return group.report(), ()
+    except DecodeServerError as exc:
+        return None, (str(exc),)
+
+
+def _stop_groups(groups: list[DecodeGroup]) -> None:
+    """Stops every decode group at once (each waits for its processes to exit)."""
+    if groups:
+        with ThreadPoolExecutor(len(groups)) as pool:
+            list(pool.map(DecodeGroup.stop, groups))
+
+
 def run_pd(
     model: ModelConfig,
     jobs: Sequence[PdJob],
@@ -114,54 +181,54 @@ def run_pd(
     die_on_done_of: str | None = None,
     on_progress: Callable[[BatchProgress], None] | None = None,
     hosts: PdHosts | None = None,
+    decode_as: DecodeAs | None = None,
 ) -> tuple[list[PdReport], list[list[LevelRun]]]:
     """Prefill every job on ONE gloo group (subgroups for smaller CP sizes), send every
-    request of every level to ONE decode process, check each against the reference.
+    request of every level to the decode group of the job's decode CP size (one group per
+    size, each ``decode_cp_size`` processes), check each against the reference.
 
-    Jobs must share page size and index K dtype (the decode pool has one layout). ``hosts``
-    names the decode server's and the prefill ranks' addresses (loopback by default).
+    ``hosts`` names the decode ranks' and the prefill ranks' addresses (loopback by
+    default); ``decode_as`` configures the decode groups unlike the prefill (a drill).
     """
     hosts = hosts or PdHosts()
-    first = jobs[0].deploy
-    decode_pages = sum(
-        len(job.levels) * decode_pages_for(job.batches, first.page_size) for job in jobs
-    )
-    decode = start_decode(model, first, decode_pages, timeout_s, die_on_done_of, hosts.decode)
+    specs = decode_specs(model, jobs, timeout_s, decode_as or DecodeAs())
+    groups: dict[int, DecodeGroup] = {}
     try:
-        rank_jobs = [
-            job_for(
-                model,
-                job.deploy,
-                job.batches,
-                job.levels,
-                job,
-                pd=PdTarget(
-                    decode.address,
-                    decode.authkey,
-                    f"j{index}/",
-                    retries,
-                    faults or PdFaults(),
-                    job.staging_bytes,
-                    job.min_write_bytes,
-                    job.probe,
-                    hosts.prefill,
-                    job.overlap,
-                ),
+        groups = _start_groups(specs, die_on_done_of, hosts.decode)
+        rank_jobs = []
+        for index, job in enumerate(jobs):
+            group = groups[job.deploy.decode_cp_size]
+            target = PdTarget(
+                group.addresses,
+                group.authkey,
+                f"j{index}/",
+                retries,
+                faults or PdFaults(),
+                job.staging_bytes,
+                job.min_write_bytes,
+                job.probe,
+                hosts.prefill,
+                job.overlap,
             )
-            for index, job in enumerate(jobs)
-        ]
+            rank_jobs.append(job_for(model, job.deploy, job.batches, job.levels, job, pd=target))
         runs = run_jobs_on_gloo(rank_jobs, on_progress)
-        try:
-            decode_report: ReportReply | None = decode.report()
-            errors: tuple[str, ...] = ()
-        except DecodeServerError as exc:
-            decode_report, errors = None, (str(exc),)
+        with ThreadPoolExecutor(len(groups)) as pool:
+            decoded = dict(zip(groups, pool.map(_report, groups.values()), strict=True))
     finally:
-        decode.stop()
+        _stop_groups(list(groups.values()))
     reports = []
+    references: dict[object, dict[str, ReferenceRequest]] = {}
     for index, (job, job_runs) in enumerate(zip(jobs, runs, strict=True)):
-        reference = reference_requests(model, job.deploy, job.batches)
-        results = pd_results(job.levels, job_runs, reference, decode_report, f"j{index}/")
+        decode_reports, errors = decoded[job.deploy.decode_cp_size]
+        # NOTE: the oracle depends on the trace and the page layout alone, not on the CP
+        # sizes: jobs that share them share one reference run (seconds at wide rows).
+        key = (job.batches, job.deploy.page_size, job.deploy.index_k_dtype)
+        if key not in references:
+            references[key] = reference_requests(model, job.deploy, job.batches)
+        reference = references[key]
+        results = pd_results(
+            job.levels, job_runs, reference, decode_reports, f"j{index}/", job.deploy.page_size
+        )
         shadow = None
         fault = shadow_fault(job.fault)
         if job.shadow_rate > 0 or fault is not None:
@@ -171,5 +238,16 @@ def run_pd(
             wrong = sum(not r.ok for r in results)
             shadow = summarize(job.shadow_rate, fault, entries, wrong)
         failures = summarize_failures(job.fault, job.levels, job_runs, len(job.batches))
-        reports.append(PdReport(job.deploy.cp_size, tuple(results), errors, shadow, failures))
+        refusals = tuple(e for reply in decode_reports or () for e in reply.errors)
+        deploy = job.deploy
+        reports.append(
+            PdReport(
+                deploy.cp_size,
+                tuple(results),
+                errors + refusals,
+                shadow,
+                failures,
+                deploy.decode_cp_size,
+            )
+        )
     return reports, runs

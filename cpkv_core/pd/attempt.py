@@ -47,24 +47,42 @@ class Attempt:
 
 @dataclass(slots=True)
 class SendAttempt:
-    """One rank's side of one attempt of one request.
+    """One rank's side of one attempt of one request, towards every decode rank.
 
-    Threads: ``number`` and ``reply`` never change; ``cursor`` and ``sent_upto`` belong to
-    the rank's thread; ``pieces``, ``bytes_sent``, ``write_batches`` and ``failed`` are
-    written only by the writer (the writer thread, or the rank's thread with overlap off),
-    and the rank's thread reads them only after draining the writer (``failed`` also before,
-    as a hint: a stale read only queues pieces the writer then skips).
+    Threads: ``number`` and ``replies`` never change; ``cursors`` and ``sent_upto`` belong
+    to the rank's thread; ``pieces``, ``bytes_by_dest``, ``write_batches`` and ``failed``
+    are written only by the writer (the writer thread, or the rank's thread with overlap
+    off), and the rank's thread reads them only after draining the writer (``failed`` also
+    before, as a hint: a stale read only queues pieces the writer then skips).
     """
 
     number: int
-    reply: AllocReply | None
-    """None when the decode side refused pages."""
-    cursor: int = 0
-    """Slab bytes every rank's pieces filled so far."""
+    replies: tuple[AllocReply, ...] | None
+    """Each decode rank's pages and slab; None when a decode rank refused pages."""
+    cursors: tuple[int, ...]
+    """Bytes every prefill rank's pieces filled so far of each decode rank's slab."""
     sent_upto: int = 0
     """Positions ``0..sent_upto-1`` are packed (by their owners)."""
-    pieces: list[Piece] = field(default_factory=list)
-    bytes_sent: int = 0
+    pieces: list[list[Piece]] = field(default_factory=list)
+    """The pieces that landed, per decode rank."""
+    bytes_by_dest: list[int] = field(default_factory=list)
+    """Bytes that landed, per decode rank."""
     write_batches: list[int] = field(default_factory=list)
     failed: bool = False
     """This rank's write failed and it sent ``Fail``."""
+
+    @classmethod
+    def start(cls, number: int, replies: tuple[AllocReply, ...] | None, dests: int) -> SendAttempt:
+        """A fresh attempt towards ``dests`` decode ranks."""
+        return cls(
+            number,
+            replies,
+            (0,) * dests,
+            pieces=[[] for _ in range(dests)],
+            bytes_by_dest=[0] * dests,
+        )
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes that landed on every decode rank together."""
+        return sum(self.bytes_by_dest)

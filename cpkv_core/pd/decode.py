@@ -1,14 +1,19 @@
-"""The PD decode server: a non-CP process that rebuilds full requests from CP prefill ranks.
+"""A PD decode rank: rebuilds the page positions it owns of every request from the prefill
+ranks' pieces.
 
-It owns a paged pool, an allocator and page tables (one full copy, no CP). For each request
-attempt it allocates pages and a receive slab (registered memory) the prefill ranks write
-their packed pieces into, and marks the attempt ready only when every rank has reported its
-pieces landed, the pieces cover every page position exactly once and tile the slab; it then
-unpacks them into its pool by page position, and only then does it acknowledge. A rank's failure, a
-timeout or a missing page fails the attempt: its pages are released once no sender can
-still write into them (nothing else in the pool changes) and the request can be retried as
-a new attempt on fresh pages. A ready request can run one
-decode step of the model on the rebuilt KV.
+Rank ``b`` of a decode group of ``dcp_size`` owns positions ``j % dcp_size == b``
+(``planning.pd_reshard``; ``dcp_size`` 1 is the non-CP decode server) and has its own
+scheduler, pool, control listener and transfer engine. A prefill rank first exchanges
+layouts with it (``Hello``: a mismatch refuses every transfer, naming both). Per attempt it
+allocates pages for its positions and a receive slab (registered memory) every prefill rank
+writes its pieces for it into; the attempt completes only when every prefill rank reported
+its pieces landed and they cover its positions exactly once and tile the slab; they are
+then unpacked into its pool by page position, and only then does it acknowledge. A failure,
+a timeout or a missing page fails the attempt: its pages go back once no sender can still
+write into them (nothing else in the pool changes) and a retry is a new attempt on fresh
+pages. A request is ready when every decode rank completed the same attempt; a ``Fail`` for
+a completed attempt (another decode rank failed it) releases it. ``Report`` runs the decode
+step of every ready request, on every rank of the group at once (``decode_report``).
 """
 
 from __future__ import annotations
@@ -17,18 +22,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 import torch
 
-from cpkv_core.config import IndexKDtype, ModelConfig
-from cpkv_core.dist.typed import encode_frame
+from cpkv_core.dist import Communicator
 from cpkv_core.pd.attempt import Attempt, AttemptState
 from cpkv_core.pd.control import ControlServer
-from cpkv_core.pd.decode_report import request_report
+from cpkv_core.pd.decode_group import DecodeSpec
+from cpkv_core.pd.decode_report import agreed_ready, decode_request, request_report
+from cpkv_core.pd.layout import layout_mismatch, pool_layout
 from cpkv_core.pd.pack import row_bytes, row_views
+from cpkv_core.pd.probe import ProbeScratch
 from cpkv_core.pd.protocol import (
     Alloc,
     AllocReply,
@@ -36,77 +42,98 @@ from cpkv_core.pd.protocol import (
     Done,
     ErrorReply,
     Fail,
+    Hello,
+    HelloReply,
     Probe,
     ProbeEnd,
-    ProbeReply,
     Report,
     ReportReply,
     Verdict,
 )
-from cpkv_core.pd.receive import ArenaFullError, ReceiveArena, tiling_error, unpack_pieces
+from cpkv_core.pd.receive import ArenaFullError, ReceiveArena, Shard, rebuild
 from cpkv_core.pd.transport import LOOPBACK, Transport
 from cpkv_core.pd.wire import Message
 from cpkv_core.planning import BatchSpec, RequestSpec, Scheduler
+from cpkv_core.planning.pd_reshard import decode_tokens
 from cpkv_core.runtime.reference import ReferenceModel
 
 
-class DecodeServer(ControlServer):
+class DecodeServer(ControlServer, ProbeScratch):
     """Serves ``pd_protocol`` messages on a listener bound to ``host``; see the module docstring.
 
-    Invariant: a request is READY only if every sender reported Done, the reported page
-    positions are exactly ``0..pages-1`` and the pieces tile the attempt's slab; a FAILED
+    Invariant: an attempt is READY only if every sender reported Done, the reported page
+    positions are exactly this rank's and the pieces tile the attempt's slab; a FAILED
     attempt's pages and slab are freed only once every sender has settled (Done, Fail or
     Await), and a retry always gets fresh pages and a fresh slab.
     """
 
     def __init__(
         self,
-        cfg: ModelConfig,
-        page_size: int,
-        index_k_dtype: IndexKDtype,
-        num_pages: int,
-        timeout_s: float,
+        spec: DecodeSpec,
         authkey: bytes,
+        comm: Communicator | None = None,
         die_on_done_of: str | None = None,
         host: str = LOOPBACK,
+        transport: Transport | None = None,
     ) -> None:
         """Args:
+        comm: the decode group (``spec.dcp_size`` ranks), for the decode step's merge;
+            None for a non-CP decode server.
         die_on_done_of: fault injection: exit the process hard when a Done for this rid
             arrives (a decode server killed mid-transfer).
         host: The address (or host name) the control listener and the transfer engine
             bind and announce (``--pd-host``); one interface, never all of them.
+        transport: the transfer engine to receive on; None starts one on ``host`` (a
+            process's decode server has its own; in-process tests may share one).
         """
+        size = 1 if comm is None else comm.world_size
+        assert size == spec.dcp_size, f"a decode group of {size} ranks for {spec}"
         super().__init__(host, authkey)
-        self.model = ReferenceModel(cfg, num_pages, page_size, index_k_dtype)
-        self.scheduler = Scheduler(num_pages, page_size)
-        """The decode server's own scheduler: it is a separate, non-CP server."""
-        self.timeout_s = timeout_s
+        self.spec = spec
+        self.comm = comm
+        self.dcp_rank = 0 if comm is None else comm.rank
+        self.model = ReferenceModel(spec.model, spec.num_pages, spec.page_size, spec.index_k_dtype)
+        self.scheduler = Scheduler(spec.num_pages, spec.page_size)
+        """This rank's own scheduler: its pages, for the positions it owns."""
+        self.layout = pool_layout(self.model.pool, spec.prefill_cp_size, spec.dcp_size)
+        self.timeout_s = spec.timeout_s
         self.die_on_done_of = die_on_done_of
-        self.transport = Transport(host)
+        self.transport = transport or Transport(host)
         self.views = row_views(self.model.pool)
         """The pool as ``[rows, row_bytes]`` uint8 views, in packed-block order."""
         self.token_bytes = sum(row_bytes(self.views))
         # NOTE: twice the pool, so slabs of attempts in flight fit despite fragmentation.
-        self.arena = ReceiveArena(2 * num_pages * page_size * self.token_bytes, self.transport)
-        self.probes: dict[int, torch.Tensor] = {}
-        """Scratch buffers of ``Probe`` by address (bench only)."""
+        pool_bytes = spec.num_pages * spec.page_size * self.token_bytes
+        self.arena = ReceiveArena(2 * pool_bytes, self.transport)
+        ProbeScratch.__init__(self)
         self.cond = threading.Condition()
+        self.reporting = threading.Lock()
+        """Held for a whole ``Report``: its collectives run in one order on every rank."""
         self.attempts: dict[str, Attempt] = {}
         """The latest attempt of every rid."""
         self.every_attempt: dict[tuple[str, int], Attempt] = {}
         """Every attempt, older failed ones included (their pages may be quarantined)."""
         self.history: dict[str, list[str]] = {}
-        self.decoded: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        """Decode-step outputs (last hidden, logits) of ready requests, computed once."""
+        self.errors: list[str] = []
+        """Refused handshakes, each naming both layouts."""
+        self.decoded: dict[str, tuple[torch.Tensor, ...]] = {}
+        """Decode-step outputs (last hidden, logits, top-k) by attempt key, computed once."""
 
     def serve_forever(self) -> None:
-        """Serves until a Shutdown arrives, then closes the transfer engine."""
+        """Serves until a Shutdown arrives, then closes."""
         super().serve_forever()
-        self.transport.close()
+        self.close()
+
+    def close(self) -> None:
+        """Unregisters this server's memory and closes its listener."""
+        self.transport.unregister(self.arena.buffer)
+        self.close_probes()
+        self.listener.close()
 
     def _dispatch(self, message: Message | None) -> Message | None:
         """The reply to one request (``ErrorReply`` for a message that is not a request)."""
         handlers: dict[type, Callable[[Any], Message | None]] = {
+            Hello: self._on_hello,
             Alloc: self._on_alloc,
             Done: self._on_done,
             Await: self._on_await,
@@ -119,6 +146,13 @@ class DecodeServer(ControlServer):
         if handler is None:
             return ErrorReply(f"{type(message).__name__} is not a request to the decode server")
         return handler(message)
+
+    def _on_hello(self, msg: Hello) -> HelloReply:
+        reason = layout_mismatch(msg.layout, self.layout, self.dcp_rank)
+        if reason:
+            with self.cond:
+                self.errors.append(f"refused prefill rank {msg.rank}: {reason}")
+        return HelloReply(self.dcp_rank, self.layout, reason)
 
     def _on_alloc(self, msg: Alloc) -> AllocReply | ErrorReply:
         with self.cond:
@@ -133,24 +167,26 @@ class DecodeServer(ControlServer):
                 self._await_verdict(current)
             if current is not None and current.state is not AttemptState.FAILED:
                 return ErrorReply(f"{msg.rid} is {current.state}; only a failed request is retried")
-            key = Attempt(msg.rid, msg.attempt, 0, 0, 0, 0).key
-            self.scheduler.schedule(BatchSpec(0, (RequestSpec(key, 0, msg.seq_len),)))
+            ps, size = self.spec.page_size, self.spec.dcp_size
+            tokens = decode_tokens(msg.seq_len, ps, self.dcp_rank, size)
+            attempt = Attempt(msg.rid, msg.attempt, msg.seq_len, msg.next_token, msg.senders, 0)
+            if tokens:
+                self.scheduler.schedule(BatchSpec(0, (RequestSpec(attempt.key, 0, tokens),)))
+                attempt.pages = len(self.scheduler.page_table(attempt.key))
             try:
-                self.arena.alloc(key, msg.seq_len * self.token_bytes)
+                self.arena.alloc(attempt.key, tokens * self.token_bytes)
             except ArenaFullError as exc:
-                self.scheduler.release(key)
+                self.scheduler.release(attempt.key)
                 return ErrorReply(f"{msg.rid}: {exc}")
-            attempt = Attempt(
-                msg.rid,
-                msg.attempt,
-                msg.seq_len,
-                msg.next_token,
-                msg.senders,
-                len(self.scheduler.page_table(key)),
-            )
             self.attempts[msg.rid] = attempt
             self.every_attempt[msg.rid, msg.attempt] = attempt
             return self._alloc_reply(attempt)
+
+    def _table(self, attempt: Attempt) -> np.ndarray:
+        """This rank's pages of the attempt, in position order (none when it owns none)."""
+        if attempt.key not in self.scheduler:
+            return np.zeros(0, dtype=np.int64)
+        return np.asarray(self.scheduler.page_table(attempt.key), dtype=np.int64)
 
     def _alloc_reply(self, attempt: Attempt) -> AllocReply:
         offset, _ = self.arena.slab(attempt.key)
@@ -158,7 +194,7 @@ class DecodeServer(ControlServer):
             attempt.rid,
             attempt.attempt,
             self.transport.session,
-            tuple(self.scheduler.page_table(attempt.key).tolist()),
+            tuple(self._table(attempt).tolist()),
             self.arena.address + offset,
             row_bytes(self.views),
         )
@@ -167,9 +203,10 @@ class DecodeServer(ControlServer):
         return self.every_attempt.get((rid, number))
 
     def _fail(self, attempt: Attempt, reason: str) -> None:
-        """Fails a pending attempt; the caller holds the lock. Its pages stay quarantined
-        until every sender has settled, so a late write can never land in reused pages."""
-        if attempt.state is not AttemptState.PENDING:
+        """Fails a pending or complete attempt; the caller holds the lock. Its pages stay
+        quarantined until every sender has settled, so a late write can never land in
+        reused pages (a complete attempt's senders all have)."""
+        if attempt.state is AttemptState.FAILED:
             return
         attempt.state = AttemptState.FAILED
         attempt.reason = reason
@@ -187,7 +224,8 @@ class DecodeServer(ControlServer):
         """Frees a failed attempt's pages and slab once no sender can write into them."""
         settled = attempt.settled >= set(range(attempt.senders))
         if attempt.state is AttemptState.FAILED and not attempt.released and settled:
-            self.scheduler.release(attempt.key)
+            if attempt.key in self.scheduler:
+                self.scheduler.release(attempt.key)
             self.arena.free(attempt.key)
             attempt.released = True
 
@@ -240,72 +278,36 @@ class DecodeServer(ControlServer):
                 self.cond.wait(remaining)
 
     def _complete(self, attempt: Attempt) -> None:
-        """Every sender reported: ready iff the pieces cover every page exactly once and tile
-        the slab; then they are unpacked into the pool by page position."""
+        """Every sender reported: ready iff the pieces cover this rank's positions exactly
+        once and tile the slab; then they are unpacked into the pool by page position."""
         pieces = [piece for rank_pieces in attempt.done.values() for piece in rank_pieces]
-        covered = sorted(p for piece in pieces for p in piece.positions)
-        if covered != list(range(attempt.pages)):
-            self._fail(
-                attempt, f"pieces cover positions {covered}, need 0..{attempt.pages - 1} once"
-            )
-            return
         offset, nbytes = self.arena.slab(attempt.key)
-        ps = self.model.page_size
-        tiling = tiling_error(pieces, nbytes, attempt.seq_len, ps, self.token_bytes)
-        if tiling:
-            self._fail(attempt, tiling)
-            return
-        first_rows = self.scheduler.page_table(attempt.key).astype(np.int64) * ps
+        shard = Shard(self.spec.page_size, self.dcp_rank, self.spec.dcp_size)
         slab = self.arena.buffer[offset : offset + nbytes]
-        unpack_pieces(self.views, slab, pieces, first_rows, attempt.seq_len, ps)
+        error = rebuild(self.views, slab, pieces, attempt.seq_len, self._table(attempt), shard)
+        if error:
+            self._fail(attempt, error)
+            return
         self.arena.free(attempt.key)
         attempt.state = AttemptState.READY
         self.cond.notify_all()
 
-    def _on_probe(self, msg: Probe) -> ProbeReply:
-        scratch = torch.zeros(msg.nbytes, dtype=torch.uint8)
-        self.transport.register([scratch])
-        with self.cond:
-            self.probes[scratch.data_ptr()] = scratch
-        return ProbeReply(self.transport.session, scratch.data_ptr())
-
-    def _on_probe_end(self, msg: ProbeEnd) -> None:
-        with self.cond:
-            scratch = self.probes.pop(msg.address, None)
-        if scratch is not None:
-            self.transport.unregister(scratch)
-
     def _on_report(self, _: Report) -> ReportReply:
-        with self.cond:
+        """Every request's state and rebuilt rows; first the decode step of every request
+        each rank of the group completed (every rank must be asked at once)."""
+        with self.reporting, self.cond:
+            done = [a for a in self.attempts.values() if a.state is AttemptState.READY]
+            ready = tuple(sorted((a.rid, a.attempt) for a in done))
+            for rid, _number in agreed_ready(self.comm, ready):
+                attempt = self.attempts[rid]
+                if attempt.key not in self.decoded:
+                    self.decoded[attempt.key] = decode_request(
+                        attempt, self.model, self.scheduler, self.comm
+                    )
+            shard = (self.dcp_rank, self.spec.dcp_size)
             reports = [
-                request_report(attempt, self.model, self.scheduler, self.decoded, self.history)
-                for attempt in self.attempts.values()
+                request_report(a, self.model, self.scheduler, self.decoded, self.history, shard)
+                for a in self.attempts.values()
             ]
-            return ReportReply(tuple(reports), self.scheduler.allocator.num_free_pages)
-
-
-Started: TypeAlias = tuple[tuple[str, int], str]
-"""What a decode process reports to its parent once it listens: its control address and
-its Mooncake session."""
-
-
-def serve_decode(
-    cfg: ModelConfig,
-    page_size: int,
-    index_k_dtype: IndexKDtype,
-    num_pages: int,
-    timeout_s: float,
-    authkey: bytes,
-    started: Connection,
-    die_on_done_of: str | None = None,
-    host: str = LOOPBACK,
-) -> None:
-    """Process entry point: builds the server on ``host``, reports its addresses on the
-    pipe ``started`` (a typed frame of ``Started``, never a pickle), serves."""
-    torch.set_num_threads(1)
-    server = DecodeServer(
-        cfg, page_size, index_k_dtype, num_pages, timeout_s, authkey, die_on_done_of, host
-    )
-    started.send_bytes(encode_frame((server.address, server.transport.session), Started))
-    started.close()
-    server.serve_forever()
+            free = self.scheduler.allocator.num_free_pages
+            return ReportReply(tuple(reports), free, tuple(self.errors))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,14 +47,14 @@ class ConcurrentWrite:
 
 
 @contextlib.contextmanager
-def _probe_write(target: PdTarget, nbytes: int) -> Iterator[tuple[str, Write]]:
-    """A write of ``nbytes`` from a registered source into a scratch buffer the decode
-    server registers for it: (the server's session, the write); both freed on exit."""
+def _probe_write(target: PdTarget, nbytes: int, dest: int) -> Iterator[tuple[str, Write]]:
+    """A write of ``nbytes`` from a registered source into a scratch buffer decode rank
+    ``dest`` registers for it: (the rank's session, the write); both freed on exit."""
     transport = process_transport(target.local_host)
     source = torch.full((nbytes,), 7, dtype=torch.uint8)
     transport.register([source])
     try:
-        with Client(target.address, authkey=target.authkey) as conn:
+        with Client(target.addresses[dest], authkey=target.authkey) as conn:
             reply = call(conn, Probe(nbytes))
             assert isinstance(reply, ProbeReply), reply
             try:
@@ -83,7 +84,8 @@ def time_baselines(
     ``total_bytes`` in one call while the others wait, and every rank writes its share in
     one call, at once; the two take turns going first (a write right after another is
     slower). Interleaved, both baselines see the same machine; one warm-up round, then
-    ``repeats`` timed ones.
+    ``repeats`` timed ones. The large write goes to decode rank 0; prefill rank ``r``'s
+    share to decode rank ``r % dcp_size``.
 
     Returns:
         (rank 0's large write, None on other ranks; this rank's concurrent writes).
@@ -93,8 +95,9 @@ def time_baselines(
     large: list[float] = []
     spans: list[tuple[float, float]] = []
     with contextlib.ExitStack() as stack:
-        session, concurrent = stack.enter_context(_probe_write(target, share))
-        big = stack.enter_context(_probe_write(target, total_bytes)) if rank == 0 else None
+        dest = rank % len(target.addresses)
+        session, concurrent = stack.enter_context(_probe_write(target, share, dest))
+        big = stack.enter_context(_probe_write(target, total_bytes, 0)) if rank == 0 else None
         for round_ in range(2 * (repeats + 1)):
             barrier()
             if round_ % 4 in (0, 3):
@@ -105,3 +108,35 @@ def time_baselines(
                 spans.append(_timed_write(transport, session, concurrent))
     one = LargeWrite(total_bytes, statistics.median(large[1:])) if rank == 0 else None
     return one, ConcurrentWrite(share, tuple(spans[1:]))
+
+
+class ProbeScratch:
+    """The decode side of the baselines: one registered scratch buffer per ``Probe``, freed
+    by its ``ProbeEnd`` (a mixin of the decode server, which owns ``transport``)."""
+
+    transport: Transport
+
+    def __init__(self) -> None:
+        self.probes: dict[int, torch.Tensor] = {}
+        """Scratch buffers of ``Probe`` by address (bench only)."""
+        self._probes_lock = threading.Lock()
+
+    def _on_probe(self, msg: Probe) -> ProbeReply:
+        scratch = torch.zeros(msg.nbytes, dtype=torch.uint8)
+        self.transport.register([scratch])
+        with self._probes_lock:
+            self.probes[scratch.data_ptr()] = scratch
+        return ProbeReply(self.transport.session, scratch.data_ptr())
+
+    def close_probes(self) -> None:
+        """Unregisters every scratch buffer still held."""
+        with self._probes_lock:
+            scratches, self.probes = list(self.probes.values()), {}
+        for scratch in scratches:
+            self.transport.unregister(scratch)
+
+    def _on_probe_end(self, msg: ProbeEnd) -> None:
+        with self._probes_lock:
+            scratch = self.probes.pop(msg.address, None)
+        if scratch is not None:
+            self.transport.unregister(scratch)

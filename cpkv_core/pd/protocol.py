@@ -15,6 +15,44 @@ from cpkv_core.dist.typed.tensor_data import TensorData
 
 
 @dataclass(frozen=True, slots=True)
+class PdLayout:
+    """What one side of a PD transfer stores and expects: both sides exchange it before any
+    page moves (``Hello``), and any difference refuses the transfer (``layout.py``)."""
+
+    protocol: int
+    """The control protocol's version (``layout.PD_PROTOCOL``)."""
+    page_size: int
+    """Tokens per KV page."""
+    row_bytes: tuple[int, ...]
+    """Bytes of one token row of each pool tensor, layer by layer (latent, index K, scale)."""
+    dtypes: tuple[str, ...]
+    """Storage dtypes of the latent, index K and scale (torch names, e.g. ``float32``)."""
+    prefill_cp_size: int
+    """The prefill group's CP size N; on a decode side, the one it serves (0: any)."""
+    decode_cp_size: int
+    """The decode group's CP size M (1: a non-CP decode server)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A prefill rank's first message to a decode rank: its layout. Replied with
+    ``HelloReply``; nothing else is sent when either side refuses."""
+
+    rank: int
+    """The prefill rank."""
+    layout: PdLayout
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReply:
+    """The decode rank's layout, and why it refused the prefill's ("" when it accepted)."""
+
+    dcp_rank: int
+    layout: PdLayout
+    refused: str
+
+
+@dataclass(frozen=True, slots=True)
 class Alloc:
     """A prefill rank asks the decode side for pages of attempt ``attempt`` of ``rid``.
 
@@ -32,7 +70,10 @@ class Alloc:
 
 @dataclass(frozen=True, slots=True)
 class AllocReply:
-    """Pages for the request and the registered receive slab to write its pieces into."""
+    """Pages for the request and the registered receive slab to write its pieces into.
+
+    From decode rank ``b`` of ``M``: the pages of the positions it owns (``j % M == b``, in
+    position order) and a slab of their tokens."""
 
     rid: str
     attempt: int
@@ -40,7 +81,8 @@ class AllocReply:
     """Transfer-engine session of the decode server (``host:port``)."""
     page_table: tuple[int, ...]
     slab: int
-    """Address of the attempt's receive slab: ``seq_len * token_bytes`` registered bytes."""
+    """Address of the attempt's receive slab: the rank's tokens x ``token_bytes``
+    registered bytes (``seq_len x token_bytes`` on a non-CP decode server)."""
     row_bytes: tuple[int, ...]
     """Bytes of a token row of each pool tensor, layer by layer (latent, index K, scale);
     a sender checks its own pool has the same layout."""

@@ -9,6 +9,7 @@ quarantined until every sender settled, like its pages.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from cpkv_core.pd.pack import unpack_rows
 from cpkv_core.pd.protocol import Piece
 from cpkv_core.pd.transport import Transport
 from cpkv_core.planning.pd_pack import token_rows, tokens_of_positions
+from cpkv_core.planning.pd_reshard import decode_first_rows, decode_positions
 
 
 class ArenaFullError(ValueError):
@@ -45,6 +47,9 @@ class ReceiveArena:
         Raises:
             ArenaFullError: no free range holds ``nbytes`` (free some attempts first).
         """
+        if nbytes == 0:  # NOTE: a decode rank that stores no page of the request
+            self._live[key] = (0, 0)
+            return 0
         for i, (offset, length) in enumerate(self._free):
             if length >= nbytes:
                 rest = (offset + nbytes, length - nbytes)
@@ -62,6 +67,8 @@ class ReceiveArena:
         if key not in self._live:
             return
         offset, nbytes = self._live.pop(key)
+        if nbytes == 0:
+            return
         ranges = sorted([*self._free, (offset, nbytes)])
         merged = [ranges[0]]
         for start, length in ranges[1:]:
@@ -126,3 +133,42 @@ def unpack_pieces(
         rows = token_rows(first_rows, positions, seq_len, page_size)
         block = slab[piece.offset : piece.offset + len(rows) * token_bytes]
         unpack_rows(views, torch.from_numpy(rows), block)
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Which positions a decode rank holds: ``position % dcp_size == dcp_rank``."""
+
+    page_size: int
+    dcp_rank: int
+    dcp_size: int
+
+
+def rebuild(
+    views: Sequence[Tensor],
+    slab: Tensor,
+    pieces: Sequence[Piece],
+    seq_len: int,
+    local_table: np.ndarray,
+    shard: Shard,
+) -> str:
+    """Checks that ``pieces`` cover the rank's positions exactly once and tile ``slab``, then
+    unpacks them into its pool at its own pages; returns why not (nothing unpacked), or "".
+
+    Args:
+        local_table: the rank's pages of its positions, in position order.
+    """
+    covered = sorted(p for piece in pieces for p in piece.positions)
+    pages = -(-seq_len // shard.page_size)
+    mine = decode_positions(pages, shard.dcp_rank, shard.dcp_size).tolist()
+    if covered != mine:
+        return f"pieces cover positions {covered}, need {mine} once"
+    token_bytes = sum(int(view.shape[1]) for view in views)
+    tiling = tiling_error(pieces, slab.numel(), seq_len, shard.page_size, token_bytes)
+    if tiling:
+        return tiling
+    first_rows = decode_first_rows(
+        local_table, pages, shard.page_size, shard.dcp_rank, shard.dcp_size
+    )
+    unpack_pieces(views, slab, pieces, first_rows, seq_len, shard.page_size)
+    return ""

@@ -31,7 +31,9 @@ class PdFaults:
 class PdTarget:
     """Where and how a prefill group sends its requests."""
 
-    address: tuple[str, int]
+    addresses: tuple[tuple[str, int], ...]
+    """The control listener of every decode rank, in decode-rank order (one: a non-CP
+    decode server)."""
     authkey: bytes
     rid_prefix: str = ""
     """Prepended to rids on the decode side (several runs can share one decode server)."""
@@ -68,6 +70,8 @@ class SendResult:
     write_batches: tuple[int, ...] = ()
     """The batch after which each piece of the last attempt was written (``AFTER_TRACE``
     for a retry's)."""
+    bytes_by_dest: tuple[int, ...] = ()
+    """``bytes_sent`` by decode rank."""
 
 
 AFTER_TRACE = -1

@@ -5,10 +5,11 @@ A frame is UTF-8 JSON: ``null`` for a ``None`` reply, otherwise ``{"type": "<Cla
 Values follow the field annotations (the typed codec, ``dist/typed``, which the launcher's
 frames use too): ``int`` a JSON integer (not a boolean, not a number with a fraction or
 exponent), ``bool`` a boolean, ``str`` a string, ``bytes`` a base64 string, ``tuple[X, ...]``
-an array, and a nested ``Piece``, ``RequestReport`` or ``TensorData`` an object of its fields
-without a ``type`` key. ``decode`` checks every value against its annotation and raises
-``WireError`` naming the message and the field; a frame that fails builds nothing. ``encode``
-checks the same way, so a sender's bug (a numpy int, a list for a tuple) fails at the sender.
+an array, and a nested ``PdLayout``, ``Piece``, ``RequestReport`` or ``TensorData`` an
+object of its fields without a ``type`` key. ``decode`` checks every value against its
+annotation and raises ``WireError`` naming the message and the field; a frame that fails
+builds nothing. ``encode`` checks the same way, so a sender's bug (a numpy int, a list for a
+tuple) fails at the sender.
 An annotation the codec cannot carry fails at import.
 """
 
@@ -28,6 +29,9 @@ from cpkv_core.pd.protocol import (
     Done,
     ErrorReply,
     Fail,
+    Hello,
+    HelloReply,
+    PdLayout,
     Piece,
     Probe,
     ProbeEnd,
@@ -40,7 +44,9 @@ from cpkv_core.pd.protocol import (
 )
 
 Message: TypeAlias = (
-    Alloc
+    Hello
+    | HelloReply
+    | Alloc
     | AllocReply
     | Done
     | Fail
@@ -57,7 +63,7 @@ Message: TypeAlias = (
 """A message that travels on its own in a frame (tagged with its class name)."""
 
 MESSAGES: tuple[type, ...] = typing.get_args(Message)
-NESTED: tuple[type, ...] = (Piece, RequestReport, TensorData)
+NESTED: tuple[type, ...] = (PdLayout, Piece, RequestReport, TensorData)
 """Dataclasses that travel only inside a message's field (no ``type`` key)."""
 
 MAX_REQUEST_BYTES = 16 << 20

@@ -4,8 +4,11 @@ on a writer thread, while the rank computes its next batch.
 Pieces wait until enough bytes are pending (``min_write_bytes``) or a request needs its
 pieces landed (its final chunk, a retry). A flush packs every pending piece (on the calling
 thread, before the next batch can overwrite or roll back pool rows) into one of two
-registered staging buffers and hands the write to the writer thread, which sends it in one
-``batch_transfer_sync_write`` call (the engine releases the GIL while it runs). Packing
+registered staging buffers, destination by destination (one call reaches one decode rank),
+and hands the write to the writer thread, which sends it in one
+``batch_transfer_sync_write`` call (the engine releases the GIL while it runs). Pieces
+that continue each other in the staging buffer and in the destination slab go as one
+descriptor (``planning.pd_reshard.merge_runs``). Packing
 waits only when both buffers are still in flight. When a call fails, its pieces are
 written one by one so the failure is pinned to the requests whose writes the engine
 rejects. With ``overlap`` off the flush writes on the calling thread, as before.
@@ -17,57 +20,15 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
 import torch
 from torch import Tensor
 
 from cpkv_core.pd.pack import pack_rows
-from cpkv_core.pd.protocol import Piece
 from cpkv_core.pd.transport import TransferError, Write
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One piece waiting to be written."""
-
-    rid: str
-    rows: npt.NDArray[np.int64]
-    """``[tokens]`` the sender pool's rows, in block order."""
-    dst: int
-    """Destination address in the decode server's receive slab."""
-    session: str
-    piece: Piece
-
-
-@dataclass(slots=True)
-class WriteStats:
-    """What one rank's writes cost over a run."""
-
-    calls: int = 0
-    """``batch_transfer_sync_write`` calls (a failed call's one-by-one retries included)."""
-    seconds: float = 0.0
-    """Packing plus writing, summed (on whichever thread did them)."""
-    exposed_seconds: float = 0.0
-    """Time the calling (prefill) thread spent in the send path: packing, waiting for a free
-    staging buffer and the final drain. With overlap off it equals ``seconds``."""
-    drain_seconds: float = 0.0
-    """The part of ``exposed_seconds`` spent waiting for the writer thread to drain (in
-    ``finish``: the trace's last write has no batch after it to hide behind)."""
-    bytes: int = 0
-    """Bytes that landed."""
-    spans: list[tuple[float, float]] = field(default_factory=list)
-    """(start, end) ``time.perf_counter`` of every write call group (one per staging buffer
-    filled): one clock for every process of a host, so the spans of a group's ranks can be
-    merged. Packing is outside them."""
-    flush_bytes: list[int] = field(default_factory=list)
-    """Bytes that landed in each write, in the order of ``spans``."""
-    loop_seconds: float = 0.0
-    """The rank's run as its sender saw it: from the sender's creation (first batch) to the
-    end of ``finish`` (every verdict in)."""
+from cpkv_core.pd.writes import Outgoing, WriteStats, merge_writes
 
 
 class Sink(Protocol):
@@ -268,10 +229,11 @@ class PieceWriter:
         self.sink.written(landed, failed, job.batch)
 
     def _groups(self) -> list[list[Outgoing]]:
-        """Consecutive pending pieces of one session that fit a staging buffer together."""
+        """The pending pieces, destination by destination (in queue order within one), in
+        groups of one session that fit a staging buffer together."""
         groups: list[list[Outgoing]] = []
         used = 0
-        for out in self.pending:
+        for out in sorted(self.pending, key=lambda o: o.dest):
             nbytes = len(out.rows) * self.token_bytes
             fits = groups and used + nbytes <= self.capacity
             if fits and groups[-1][0].session == out.session:
@@ -288,10 +250,12 @@ class PieceWriter:
         if not pairs:
             return [], {}
         session = pairs[0][0].session
+        merged = merge_writes([w for _, w in pairs])
         with self._stats_lock:
             self.stats.calls += 1
+            self.stats.descriptors += len(merged)
         try:
-            self.transport.write(session, [w for _, w in pairs])
+            self.transport.write(session, merged)
             return [o for o, _ in pairs], {}
         except TransferError:
             pass
@@ -302,6 +266,7 @@ class PieceWriter:
                 continue
             with self._stats_lock:
                 self.stats.calls += 1
+                self.stats.descriptors += 1
             try:
                 self.transport.write(session, [write])
                 landed.append(out)

@@ -10,9 +10,10 @@ pages, and the last, partly filled page once the request's final chunk is writte
 positions are packed into a staging buffer as one block per piece, laid out layer by
 layer and tensor by tensor (latent, index K, scale), each ``[tokens, row_bytes]`` with the
 piece's tokens in position order. The decode side gives an attempt one receive slab of
-``seq_len * token_bytes``; every rank computes where each rank's piece goes in it from the
-page tables alone (``piece_offsets``), so no two ranks' pieces overlap and the slab is
-filled exactly once, without a message per piece.
+``seq_len * token_bytes`` (one per decode rank, of that rank's tokens, with a CP decode
+side); every rank computes where each rank's piece goes in it from the page tables alone
+(``pd_reshard.reshard_pieces``), so no two ranks' pieces overlap and the slab is filled
+exactly once, without a message per piece.
 """
 
 from __future__ import annotations
@@ -71,32 +72,6 @@ def sender_first_rows(page_table: Ints, page_size: int, cp_size: int, sharded: b
     return (local_page(pages, cp_size) if sharded else pages) * page_size
 
 
-def piece_offsets(
-    page_table: Ints,
-    start: int,
-    stop: int,
-    seq_len: int,
-    page_size: int,
-    cp_size: int,
-    token_bytes: int,
-    cursor: int,
-) -> Ints:
-    """Slab offset of every rank's piece for positions ``[start, stop)``.
-
-    The pieces of one step go in rank order after ``cursor`` (the bytes earlier steps
-    placed), each ``tokens x token_bytes`` long. Every rank computes the same table.
-
-    Returns:
-        ``[cp_size + 1]`` offsets; rank ``r``'s piece is ``[out[r], out[r + 1])`` and
-        ``out[cp_size]`` is the cursor for the next step.
-    """
-    positions = np.arange(start, stop, dtype=np.int64)
-    owners = owner_of_page(np.asarray(page_table, dtype=np.int64)[start:stop], cp_size)
-    tokens = tokens_of_positions(positions, seq_len, page_size)
-    per_rank = np.bincount(owners, weights=tokens, minlength=cp_size).astype(np.int64)
-    return cursor + np.concatenate(([0], np.cumsum(per_rank * token_bytes))).astype(np.int64)
-
-
 def split_by_capacity(
     positions: Ints, page_size: int, token_bytes: int, capacity: int
 ) -> list[Ints]:
@@ -113,36 +88,3 @@ def split_by_capacity(
         )
     per_run = capacity // page_bytes
     return [positions[i : i + per_run] for i in range(0, len(positions), per_run)]
-
-
-def rank_pieces(
-    page_table: Ints,
-    start: int,
-    stop: int,
-    seq_len: int,
-    page_size: int,
-    cp_size: int,
-    rank: int,
-    token_bytes: int,
-    cursor: int,
-    capacity: int,
-) -> tuple[list[tuple[int, Ints]], int]:
-    """What ``rank`` writes for the positions ``[start, stop)`` one step completed.
-
-    Args:
-        seq_len: tokens of the request once complete.
-        cursor: slab bytes earlier steps filled (every rank's pieces).
-        capacity: staging bytes, the most one write carries.
-
-    Returns:
-        (slab offset and positions of each write, the cursor for the next step).
-    """
-    offsets = piece_offsets(
-        page_table, start, stop, seq_len, page_size, cp_size, token_bytes, cursor
-    )
-    mine = owned_positions(page_table, start, stop, rank, cp_size)
-    pieces, offset = [], int(offsets[rank])
-    for run in split_by_capacity(mine, page_size, token_bytes, capacity):
-        pieces.append((offset, run))
-        offset += int(tokens_of_positions(run, seq_len, page_size).sum()) * token_bytes
-    return pieces, int(offsets[-1])
