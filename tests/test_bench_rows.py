@@ -177,6 +177,50 @@ def test_projection_has_every_level_of_every_point(tiny_bf16: Any) -> None:
             assert r["bytes"] == 61 * per_layer + own[(bs, "tail", "narrow")]
 
 
+def _touching(fresh_calls: set[int]) -> tuple[list[int], Any]:
+    """A run that writes 4 MiB of memory never touched before on the calls numbered in
+    ``fresh_calls`` (page faults) and nothing on the others; it counts its calls."""
+    calls: list[int] = []
+    kept: list[torch.Tensor] = []
+
+    def run() -> None:
+        if len(calls) in fresh_calls:
+            kept.append(torch.ones(4 << 20, dtype=torch.uint8))
+        calls.append(len(calls))
+
+    return calls, run
+
+
+def test_warm_up_waits_for_calls_in_a_row_without_page_faults() -> None:
+    """A call without faults between faulting ones does not end the warm-up (glibc can
+    place one call in held memory and the next in fresh memory again)."""
+    calls, run = _touching({0, 1, 3})
+    cpu = torch.device("cpu")
+    bench_rows_measure._warm_up(run, 16 << 20, cpu)
+    assert len(calls) == 4 + bench_rows_measure.SETTLED_CALLS
+
+
+def test_timed_rounds_count_the_page_faults_they_take() -> None:
+    cpu = torch.device("cpu")
+    ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
+    warm = bench_rows_measure.MAX_WARMUPS
+    calls, run = _touching(set(range(warm + 2)))
+    faulting = bench_rows_measure.time_op(run, 16 << 20, ceiling, 2, cpu)
+    assert len(calls) == warm + faulting.rounds
+    assert faulting.page_faults >= 2 * (4 << 20) // bench_rows_measure.PAGE_BYTES
+    _, settled = _touching(set())
+    assert bench_rows_measure.time_op(settled, 16 << 20, ceiling, 2, cpu).page_faults < 64
+
+
+def test_the_copy_ceiling_takes_no_page_faults() -> None:
+    """A copy that faulted its destination in would run slower than the ceiling is."""
+    ceiling = bench_rows_measure.CopyCeiling(torch.device("cpu"), piece_bytes=4 << 20)
+    faults = bench_rows_measure._minor_faults()
+    for _ in range(64):
+        ceiling.copy(64 << 10)  # one pass over both buffers
+    assert bench_rows_measure._minor_faults() - faults < 64
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [
