@@ -12,6 +12,8 @@ The tiny grid (page 16, cp 2): each request has 128 history tokens (8 pages) and
 from __future__ import annotations
 
 import json
+import mmap
+import time
 from typing import Any
 
 import pytest
@@ -179,13 +181,15 @@ def test_projection_has_every_level_of_every_point(tiny_bf16: Any) -> None:
 
 def _touching(fresh_calls: set[int]) -> tuple[list[int], Any]:
     """A run that writes 4 MiB of memory never touched before on the calls numbered in
-    ``fresh_calls`` (page faults) and nothing on the others; it counts its calls."""
+    ``fresh_calls`` (a new mapping: 1,024 page faults) and nothing on the others; it counts
+    its calls."""
     calls: list[int] = []
-    kept: list[torch.Tensor] = []
+    kept: list[mmap.mmap] = []
 
     def run() -> None:
         if len(calls) in fresh_calls:
-            kept.append(torch.ones(4 << 20, dtype=torch.uint8))
+            kept.append(mmap.mmap(-1, 4 << 20))
+            torch.frombuffer(kept[-1], dtype=torch.uint8).fill_(1)
         calls.append(len(calls))
 
     return calls, run
@@ -210,6 +214,24 @@ def test_timed_rounds_count_the_page_faults_they_take() -> None:
     assert faulting.page_faults >= 2 * (4 << 20) // bench_rows_measure.PAGE_BYTES
     _, settled = _touching(set())
     assert bench_rows_measure.time_op(settled, 16 << 20, ceiling, 2, cpu).page_faults < 64
+
+
+def test_one_thread_rounds_are_timed_on_its_cpu_time() -> None:
+    """A call that waits spends wall time and next to no CPU time: with one torch thread the
+    rounds leave out the time the op is off the core (other processes holding it)."""
+    cpu = torch.device("cpu")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert bench_rows_measure.op_clock(cpu)[0] == "wall"
+        torch.set_num_threads(1)
+        name, clock = bench_rows_measure.op_clock(cpu)
+    finally:
+        torch.set_num_threads(threads)
+    assert name == "thread-cpu"
+    ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
+    waits = bench_rows_measure.time_op(lambda: time.sleep(0.02), 1 << 20, ceiling, 2, cpu, clock)
+    assert waits.wall_seconds >= 0.02 > waits.seconds
 
 
 def test_the_copy_ceiling_takes_no_page_faults() -> None:

@@ -23,7 +23,14 @@ import torch
 
 from cpkv.bench.rows_figures import RowsEntry, projection, slot_vs_unique
 from cpkv.bench.rows_group import RankAlone
-from cpkv.bench.rows_measure import CopyCeiling, peak_scratch, reusing_allocator, time_op
+from cpkv.bench.rows_measure import (
+    Clock,
+    CopyCeiling,
+    op_clock,
+    peak_scratch,
+    reusing_allocator,
+    time_op,
+)
 from cpkv.bench.rows_ops import RowOp, chunk_ops, replicated_ops, sharded_ops
 from cpkv.bench.rows_setup import RANK, PointSetup, RowFormat, RowsGrid, RowsPoint, row_format
 from cpkv.plan.kv_bytes import KvCacheDtype
@@ -43,6 +50,7 @@ def _measure(
     ceiling: CopyCeiling,
     repeats: int,
     device: torch.device,
+    clock: Clock,
 ) -> RowsEntry:
     if op.first_run is not None:
         # NOTE: first, so the fresh buffers it allocates never sit beside the reused ones.
@@ -50,7 +58,7 @@ def _measure(
     else:
         op.run()  # NOTE: a warm-up makes the peers' parts, so the profile sees the op alone
         scratch = peak_scratch(op.run, device)
-    timing = time_op(op.run, op.bytes, ceiling, repeats, device)
+    timing = time_op(op.run, op.bytes, ceiling, repeats, device, clock)
     plan_seconds = None
     if op.plan_seconds is not None:
         plan_seconds = statistics.median(op.plan_seconds() for _ in range(PLAN_REPEATS))
@@ -69,6 +77,8 @@ def _measure(
         rounds=timing.rounds,
         best_seconds=timing.best_seconds,
         copy_best_seconds=timing.copy_best_seconds,
+        wall_seconds=timing.wall_seconds,
+        copy_wall_seconds=timing.copy_wall_seconds,
         page_faults=timing.page_faults,
         scratch_bytes=scratch,
         planned_scratch_bytes=op.planned_scratch_bytes,
@@ -85,6 +95,7 @@ def measure_point(
     ceiling: CopyCeiling,
     repeats: int,
     device: torch.device,
+    clock: Clock,
 ) -> list[RowsEntry]:
     """Every op of one point; the shards are freed before the replicated pool is made."""
     setup = PointSetup(model, fmt, point, grid, str(device))
@@ -95,7 +106,7 @@ def measure_point(
         groups += [replicated_ops(setup, comm), chunk_ops(setup)]
     for group in groups:
         for op in group:
-            entries.append(_measure(op, point, ceiling, repeats, device))
+            entries.append(_measure(op, point, ceiling, repeats, device, clock))
             del op
         setup.free_shards()
         comm.forget_parts()
@@ -116,6 +127,8 @@ class RowsReport:
     device: str
     allocator: str
     threads: int
+    clock: str
+    """What the rounds are timed on: ``thread-cpu`` or ``wall`` (``rows_measure.op_clock``)."""
     seconds: float
     """Wall time of the whole run."""
     entries: list[RowsEntry]
@@ -142,6 +155,7 @@ class RowsReport:
                 "device": self.device,
                 "allocator": self.allocator,
                 "torch_threads": self.threads,
+                "clock": self.clock,
                 "seconds": self.seconds,
                 "goal_ratio_to_copy": GOAL_RATIO,
             },
@@ -165,6 +179,7 @@ def run_rows_bench(
     fmt = row_format(model, kv_dtype)
     run_device = torch.device(device)
     ceiling = CopyCeiling(run_device)
+    clock_name, clock = op_clock(run_device)
     entries: list[RowsEntry] = []
     with reusing_allocator(run_device) as allocator:
         for point in grid.points():
@@ -173,7 +188,7 @@ def run_rows_bench(
                     f"{model.name} rows: history {point.history}, bs {point.bs}, cp "
                     f"{point.cp_size}{', shared prefix' if point.shared_prefix else ''}"
                 )
-            entries += measure_point(model, fmt, point, grid, ceiling, repeats, run_device)
+            entries += measure_point(model, fmt, point, grid, ceiling, repeats, run_device, clock)
     notes = list(warnings)
     if allocator == "system":
         notes.append("no glibc to keep freed memory: fresh CPU tensors pay their page faults")
@@ -187,6 +202,7 @@ def run_rows_bench(
         device=device,
         allocator=allocator,
         threads=torch.get_num_threads(),
+        clock=clock_name,
         seconds=time.perf_counter() - began,
         entries=entries,
         warnings=notes,

@@ -8,6 +8,10 @@ bytes, taken in turn with it, and the peak of the temporaries one call allocates
   they are; so each copy takes the next span of the buffers, memory the copies just before
   did not touch. Each round times the op, then the copy, once both are warm
   (``_warm_up``); the medians are reported, and the fastest of each.
+- **Clock.** On the CPU with one torch thread the rounds are timed on the calling thread's
+  CPU time (``op_clock``): the op runs on that thread alone, and the time other processes
+  hold the core is not the op's. Elsewhere, on the wall clock. Each entry keeps its wall
+  medians as well.
 - **Scratch.** On CUDA, the caching allocator's peak over one call; on the CPU, the
   profiler's record of every allocation and free during one call, summed in order.
 - **The CPU allocator.** A device's caching allocator hands a freed block to the next
@@ -40,8 +44,10 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "Clock",
     "CopyCeiling",
     "Timing",
+    "op_clock",
     "peak_scratch",
     "reusing_allocator",
     "sync",
@@ -105,7 +111,7 @@ class CopyCeiling:
 @dataclass(frozen=True, slots=True)
 class Timing:
     """Median seconds of an op and of the copy of its bytes, over ``rounds`` rounds, and the
-    fastest of each."""
+    fastest of each, on the run's clock (``op_clock``); the medians on the wall clock too."""
 
     seconds: float
     copy_seconds: float
@@ -113,9 +119,26 @@ class Timing:
     best_seconds: float
     """The fastest round of the op (robust on a loaded machine)."""
     copy_best_seconds: float
+    wall_seconds: float
+    copy_wall_seconds: float
     page_faults: int
     """Minor page faults the op's timed calls took, all rounds together (0: it ran on
     memory the allocator held, as on a device)."""
+
+
+Clock = Callable[[], float]
+
+
+def op_clock(device: torch.device) -> tuple[str, Clock]:
+    """The clock an op's rounds are timed on, and its name.
+
+    On the CPU with one torch thread every op runs on the calling thread, so its time is
+    that thread's CPU time (``thread-cpu``): what the machine's other processes take of the
+    core while the op waits is not the op's. Anywhere else, ``wall`` time.
+    """
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return "thread-cpu", time.thread_time
+    return "wall", time.perf_counter
 
 
 def _minor_faults() -> int:
@@ -147,37 +170,48 @@ def _warm_up(run: Callable[[], object], nbytes: int, device: torch.device) -> No
             return
 
 
+def _timed(run: Callable[[], object], device: torch.device, clock: Clock) -> tuple[float, float]:
+    """``(seconds on clock, wall seconds)`` of one call of ``run``."""
+    wall, began = time.perf_counter(), clock()
+    run()
+    sync(device)
+    return clock() - began, time.perf_counter() - wall
+
+
 def time_op(
     run: Callable[[], object],
     nbytes: int,
     ceiling: CopyCeiling,
     repeats: int,
     device: torch.device,
+    clock: Clock = time.perf_counter,
 ) -> Timing:
     """Times ``run`` and ``ceiling.copy(nbytes)`` in turn after warming both up (``_warm_up``);
     at least ``repeats`` rounds, more for a short op (``ROUND_BUDGET_S``)."""
     _warm_up(run, nbytes, device)
     _warm_up(lambda: ceiling.copy(nbytes), nbytes, device)
-    op_s: list[float] = []
-    copy_s: list[float] = []
+    op_s: list[tuple[float, float]] = []
+    copy_s: list[tuple[float, float]] = []
     faults = 0
     rounds = repeats
     while len(op_s) < rounds:
         faults_before = _minor_faults()
-        began = time.perf_counter()
-        run()
-        sync(device)
-        middle = time.perf_counter()
+        op_s.append(_timed(run, device, clock))
         faults += _minor_faults() - faults_before
-        ceiling.copy(nbytes)
-        sync(device)
-        op_s.append(middle - began)
-        copy_s.append(time.perf_counter() - middle)
+        copy_s.append(_timed(lambda: ceiling.copy(nbytes), device, clock))
         if len(op_s) == 1:
-            spent = max(time.perf_counter() - began, 1e-9)
+            spent = max(op_s[0][1] + copy_s[0][1], 1e-9)
             rounds = max(repeats, min(MAX_REPEATS, int(ROUND_BUDGET_S / spent)))
+    median = statistics.median
     return Timing(
-        statistics.median(op_s), statistics.median(copy_s), rounds, min(op_s), min(copy_s), faults
+        seconds=median(s for s, _ in op_s),
+        copy_seconds=median(s for s, _ in copy_s),
+        rounds=rounds,
+        best_seconds=min(s for s, _ in op_s),
+        copy_best_seconds=min(s for s, _ in copy_s),
+        wall_seconds=median(w for _, w in op_s),
+        copy_wall_seconds=median(w for _, w in copy_s),
+        page_faults=faults,
     )
 
 
