@@ -12,6 +12,8 @@ The tiny grid (page 16, cp 2): each request has 128 history tokens (8 pages) and
 from __future__ import annotations
 
 import json
+import mmap
+import time
 from typing import Any
 
 import pytest
@@ -63,9 +65,9 @@ def expected_rows(bs: int, shared: bool) -> dict[tuple[str, str], int]:
         ("pd-pack", "owned-pages"): bs * (HISTORY + extend) // CP,
         # full: the all-gather, the batch-order select and the bs last rows
         ("tail", "full"): gathered + bs,
-        # narrow: zeros, each local last row selected and copied in, the gather, the pick;
-        # the zigzag puts every request's last token on rank 0
-        ("tail", "narrow"): 2 * bs + 2 * bs + CP * bs,
+        # narrow: the zigzag puts every request's last token on rank 0, so its part is one
+        # select of its bs last rows; then the gather and the pick
+        ("tail", "narrow"): bs + CP * bs + bs,
     }
 
 
@@ -175,6 +177,70 @@ def test_projection_has_every_level_of_every_point(tiny_bf16: Any) -> None:
             )
             per_layer += own[(bs, "view", "slot")]
             assert r["bytes"] == 61 * per_layer + own[(bs, "tail", "narrow")]
+
+
+def _touching(fresh_calls: set[int]) -> tuple[list[int], Any]:
+    """A run that writes 4 MiB of memory never touched before on the calls numbered in
+    ``fresh_calls`` (a new mapping: 1,024 page faults) and nothing on the others; it counts
+    its calls."""
+    calls: list[int] = []
+    kept: list[mmap.mmap] = []
+
+    def run() -> None:
+        if len(calls) in fresh_calls:
+            kept.append(mmap.mmap(-1, 4 << 20))
+            torch.frombuffer(kept[-1], dtype=torch.uint8).fill_(1)
+        calls.append(len(calls))
+
+    return calls, run
+
+
+def test_warm_up_waits_for_calls_in_a_row_without_page_faults() -> None:
+    """A call without faults between faulting ones does not end the warm-up (glibc can
+    place one call in held memory and the next in fresh memory again)."""
+    calls, run = _touching({0, 1, 3})
+    cpu = torch.device("cpu")
+    bench_rows_measure._warm_up(run, 16 << 20, cpu)
+    assert len(calls) == 4 + bench_rows_measure.SETTLED_CALLS
+
+
+def test_timed_rounds_count_the_page_faults_they_take() -> None:
+    cpu = torch.device("cpu")
+    ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
+    warm = bench_rows_measure.MAX_WARMUPS
+    calls, run = _touching(set(range(warm + 2)))
+    faulting = bench_rows_measure.time_op(run, 16 << 20, ceiling, 2, cpu)
+    assert len(calls) == warm + faulting.rounds
+    assert faulting.page_faults >= 2 * (4 << 20) // bench_rows_measure.PAGE_BYTES
+    _, settled = _touching(set())
+    assert bench_rows_measure.time_op(settled, 16 << 20, ceiling, 2, cpu).page_faults < 64
+
+
+def test_one_thread_rounds_are_timed_on_its_cpu_time() -> None:
+    """A call that waits spends wall time and next to no CPU time: with one torch thread the
+    rounds leave out the time the op is off the core (other processes holding it)."""
+    cpu = torch.device("cpu")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert bench_rows_measure.op_clock(cpu)[0] == "wall"
+        torch.set_num_threads(1)
+        name, clock = bench_rows_measure.op_clock(cpu)
+    finally:
+        torch.set_num_threads(threads)
+    assert name == "thread-cpu"
+    ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
+    waits = bench_rows_measure.time_op(lambda: time.sleep(0.02), 1 << 20, ceiling, 2, cpu, clock)
+    assert waits.wall_seconds >= 0.02 > waits.seconds
+
+
+def test_the_copy_ceiling_takes_no_page_faults() -> None:
+    """A copy that faulted its destination in would run slower than the ceiling is."""
+    ceiling = bench_rows_measure.CopyCeiling(torch.device("cpu"), piece_bytes=4 << 20)
+    faults = bench_rows_measure._minor_faults()
+    for _ in range(64):
+        ceiling.copy(64 << 10)  # one pass over both buffers
+    assert bench_rows_measure._minor_faults() - faults < 64
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,21 @@ def test_row_copy_is_bitwise_for_every_byte_pattern(dtype: torch.dtype, width: i
     assert torch.equal(dest.view(torch.uint8).view(40, -1), expected)
 
 
+@pytest.mark.parametrize(
+    "pattern",
+    [0x7FF0_0000_0000_0001, 0xFFF8_0000_0000_0000 - (1 << 64), 0x7FF7_FFFF_FFFF_FFFF, -1],
+    ids=["snan", "negative-qnan", "snan-max-payload", "all-ones"],
+)
+def test_row_copy_keeps_nan_words_as_they_are(pattern: int) -> None:
+    """Rows of 16-byte words copy as pairs of doubles: signalling and quiet NaN doubles,
+    every payload bit set or not, land unchanged (no arithmetic quiets them)."""
+    dest = torch.zeros(8, 576, dtype=torch.bfloat16)
+    rows = torch.full((3, 144), pattern, dtype=torch.int64).view(torch.bfloat16)
+    copy_rows_(dest, torch.tensor([6, 1, 4]), rows)
+    assert torch.equal(dest.view(torch.int64)[[6, 1, 4]], rows.view(torch.int64))
+    assert not dest.view(torch.int64)[[0, 2, 3, 5, 7]].any()
+
+
 def test_latent_storage_counts_its_row_bytes() -> None:
     assert LatentStorage(torch.uint8, 656).row_bytes == 656
     assert LatentStorage(torch.bfloat16, 576).row_bytes == 1152

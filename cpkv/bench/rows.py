@@ -24,8 +24,9 @@ import torch
 from cpkv.bench.rows_figures import RowsEntry, projection, slot_vs_unique
 from cpkv.bench.rows_group import RankAlone
 from cpkv.bench.rows_measure import (
-    Allocator,
+    Clock,
     CopyCeiling,
+    op_clock,
     peak_scratch,
     reusing_allocator,
     time_op,
@@ -49,7 +50,7 @@ def _measure(
     ceiling: CopyCeiling,
     repeats: int,
     device: torch.device,
-    allocator: Allocator,
+    clock: Clock,
 ) -> RowsEntry:
     if op.first_run is not None:
         # NOTE: first, so the fresh buffers it allocates never sit beside the reused ones.
@@ -57,10 +58,7 @@ def _measure(
     else:
         op.run()  # NOTE: a warm-up makes the peers' parts, so the profile sees the op alone
         scratch = peak_scratch(op.run, device)
-    # NOTE: the profiler's records land in the memory the op freed; handed back, the op's
-    # next calls take fresh memory once and then reuse it, instead of growing the heap.
-    allocator.trim()
-    timing = time_op(op.run, op.bytes, ceiling, repeats, device)
+    timing = time_op(op.run, op.bytes, ceiling, repeats, device, clock)
     plan_seconds = None
     if op.plan_seconds is not None:
         plan_seconds = statistics.median(op.plan_seconds() for _ in range(PLAN_REPEATS))
@@ -79,6 +77,9 @@ def _measure(
         rounds=timing.rounds,
         best_seconds=timing.best_seconds,
         copy_best_seconds=timing.copy_best_seconds,
+        wall_seconds=timing.wall_seconds,
+        copy_wall_seconds=timing.copy_wall_seconds,
+        page_faults=timing.page_faults,
         scratch_bytes=scratch,
         planned_scratch_bytes=op.planned_scratch_bytes,
         budget=op.budget,
@@ -94,10 +95,9 @@ def measure_point(
     ceiling: CopyCeiling,
     repeats: int,
     device: torch.device,
-    allocator: Allocator,
+    clock: Clock,
 ) -> list[RowsEntry]:
-    """Every op of one point; the shards are freed before the replicated pool is made, and
-    the memory an op freed is handed back before the next op."""
+    """Every op of one point; the shards are freed before the replicated pool is made."""
     setup = PointSetup(model, fmt, point, grid, str(device))
     entries: list[RowsEntry] = []
     comm = RankAlone(RANK, point.cp_size)
@@ -106,15 +106,11 @@ def measure_point(
         groups += [replicated_ops(setup, comm), chunk_ops(setup)]
     for group in groups:
         for op in group:
-            entries.append(_measure(op, point, ceiling, repeats, device, allocator))
+            entries.append(_measure(op, point, ceiling, repeats, device, clock))
             del op
-            # NOTE: glibc, kept from handing memory back, fragments: an op's leftovers
-            # would grow the heap by more than the op needs (3 GiB for a 1.4 GiB view).
-            allocator.trim()
         setup.free_shards()
         comm.forget_parts()
         gc.collect()
-        allocator.trim()
     return entries
 
 
@@ -131,6 +127,8 @@ class RowsReport:
     device: str
     allocator: str
     threads: int
+    clock: str
+    """What the rounds are timed on: ``thread-cpu`` or ``wall`` (``rows_measure.op_clock``)."""
     seconds: float
     """Wall time of the whole run."""
     entries: list[RowsEntry]
@@ -157,6 +155,7 @@ class RowsReport:
                 "device": self.device,
                 "allocator": self.allocator,
                 "torch_threads": self.threads,
+                "clock": self.clock,
                 "seconds": self.seconds,
                 "goal_ratio_to_copy": GOAL_RATIO,
             },
@@ -180,6 +179,7 @@ def run_rows_bench(
     fmt = row_format(model, kv_dtype)
     run_device = torch.device(device)
     ceiling = CopyCeiling(run_device)
+    clock_name, clock = op_clock(run_device)
     entries: list[RowsEntry] = []
     with reusing_allocator(run_device) as allocator:
         for point in grid.points():
@@ -188,11 +188,9 @@ def run_rows_bench(
                     f"{model.name} rows: history {point.history}, bs {point.bs}, cp "
                     f"{point.cp_size}{', shared prefix' if point.shared_prefix else ''}"
                 )
-            entries += measure_point(
-                model, fmt, point, grid, ceiling, repeats, run_device, allocator
-            )
+            entries += measure_point(model, fmt, point, grid, ceiling, repeats, run_device, clock)
     notes = list(warnings)
-    if allocator.name == "system":
+    if allocator == "system":
         notes.append("no glibc to keep freed memory: fresh CPU tensors pay their page faults")
     return RowsReport(
         model=model.name,
@@ -202,8 +200,9 @@ def run_rows_bench(
         num_layers=model.num_layers,
         grid=grid,
         device=device,
-        allocator=allocator.name,
+        allocator=allocator,
         threads=torch.get_num_threads(),
+        clock=clock_name,
         seconds=time.perf_counter() - began,
         entries=entries,
         warnings=notes,

@@ -40,6 +40,11 @@ class RowsEntry:
     rounds: int
     best_seconds: float
     copy_best_seconds: float
+    wall_seconds: float
+    """The median round on the wall clock (``seconds`` is on the run's clock)."""
+    copy_wall_seconds: float
+    page_faults: int
+    """Minor page faults of the op's timed calls, all rounds together."""
     scratch_bytes: int
     planned_scratch_bytes: int | None
     budget: str

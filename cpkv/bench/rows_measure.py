@@ -8,14 +8,24 @@ bytes, taken in turn with it, and the peak of the temporaries one call allocates
   they are; so each copy takes the next span of the buffers, memory the copies just before
   did not touch. Each round times the op, then the copy, once both are warm
   (``_warm_up``); the medians are reported, and the fastest of each.
+- **Clock.** On the CPU with one torch thread the rounds are timed on the calling thread's
+  CPU time (``op_clock``): the op runs on that thread alone, and the time other processes
+  hold the core is not the op's. Elsewhere, on the wall clock. Each entry keeps its wall
+  medians as well.
 - **Scratch.** On CUDA, the caching allocator's peak over one call; on the CPU, the
   profiler's record of every allocation and free during one call, summed in order.
 - **The CPU allocator.** A device's caching allocator hands a freed block to the next
-  tensor of its size. glibc returns large blocks to the system on free, so on the CPU
-  every fresh tensor of tens of MB is page-faulted in again on first touch: a plain
+  tensor of its size. glibc returns blocks of tens of MB to the system on free, so on the
+  CPU every fresh tensor of that size is page-faulted in again on first touch: a plain
   ``clone`` runs at about a third of ``copy_`` into an existing tensor. ``reusing_allocator``
-  makes glibc keep freed memory (``mallopt``), as a caching allocator would, for the run;
-  ``Allocator.trim`` hands it back between ops (each op is warmed up before it is timed).
+  makes glibc keep every freed byte (``mallopt``) for the run, as a caching allocator
+  would. It still places a call's temporaries by best fit, which for several calls after
+  an op's sizes first appear is memory past what the heap has touched, and now and then a
+  call in held memory followed by one in fresh memory again; ``_warm_up`` waits until
+  ``SETTLED_CALLS`` calls in a row take no faults, and ``Timing.page_faults`` counts those
+  the timed calls still took. Nothing is handed back between ops: pages handed back inside
+  the heap (``malloc_trim``) are where glibc places the next op's temporaries, so each of
+  its calls faulted them in again, up to 4x its time.
 """
 
 from __future__ import annotations
@@ -34,9 +44,10 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "Allocator",
+    "Clock",
     "CopyCeiling",
     "Timing",
+    "op_clock",
     "peak_scratch",
     "reusing_allocator",
     "sync",
@@ -50,8 +61,10 @@ MAX_REPEATS = 25
 ROUND_BUDGET_S = 0.15
 """A short op is repeated until its rounds take about this long."""
 
-MAX_WARMUPS = 8
+MAX_WARMUPS = 16
 """Most warm-up calls of an op before it is timed."""
+SETTLED_CALLS = 3
+"""Calls in a row without page faults that end an op's warm-up."""
 FAULT_SHARE = 0.02
 """A warm call faults in at most this share of the bytes it writes."""
 PAGE_BYTES = 4096
@@ -61,6 +74,8 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _GLIBC_MMAP_MAX = 65536
 _GLIBC_TRIM_THRESHOLD = 128 * 1024
+_KEEP_FREED = 2**31 - 1
+"""A trim threshold glibc never reaches: it keeps what is freed."""
 
 
 def sync(device: torch.device) -> None:
@@ -74,10 +89,10 @@ class CopyCeiling:
 
     def __init__(self, device: torch.device, piece_bytes: int = CEILING_PIECE_BYTES) -> None:
         """Allocates both buffers at once, before any op, so they never split the memory an
-        op frees and takes again."""
+        op frees and takes again; both are written, so no copy faults its pages in."""
         self.piece_bytes = max(piece_bytes, 1)
         self.src = torch.randint(0, 256, (self.piece_bytes,), dtype=torch.uint8, device=device)
-        self.dst = torch.empty_like(self.src)
+        self.dst = torch.zeros_like(self.src)
         self.cursor = 0
 
     def copy(self, nbytes: int) -> None:
@@ -96,7 +111,7 @@ class CopyCeiling:
 @dataclass(frozen=True, slots=True)
 class Timing:
     """Median seconds of an op and of the copy of its bytes, over ``rounds`` rounds, and the
-    fastest of each."""
+    fastest of each, on the run's clock (``op_clock``); the medians on the wall clock too."""
 
     seconds: float
     copy_seconds: float
@@ -104,24 +119,63 @@ class Timing:
     best_seconds: float
     """The fastest round of the op (robust on a loaded machine)."""
     copy_best_seconds: float
+    wall_seconds: float
+    copy_wall_seconds: float
+    page_faults: int
+    """Minor page faults the op's timed calls took, all rounds together (0: it ran on
+    memory the allocator held, as on a device)."""
+
+
+Clock = Callable[[], float]
+
+
+def op_clock(device: torch.device) -> tuple[str, Clock]:
+    """The clock an op's rounds are timed on, and its name.
+
+    On the CPU with one torch thread every op runs on the calling thread, so its time is
+    that thread's CPU time (``thread-cpu``): what the machine's other processes take of the
+    core while the op waits is not the op's. Anywhere else, ``wall`` time.
+    """
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return "thread-cpu", time.thread_time
+    return "wall", time.perf_counter
+
+
+def _minor_faults() -> int:
+    """Minor page faults this process has taken so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _warm_up(run: Callable[[], object], nbytes: int, device: torch.device) -> None:
-    """Calls ``run`` until a call takes no page faults (at most ``MAX_WARMUPS`` calls).
+    """Calls ``run`` until ``SETTLED_CALLS`` calls in a row take no page faults (at most
+    ``MAX_WARMUPS`` calls; one on a device, whose caching allocator holds its blocks).
 
-    Memory the allocator got back from the system is faulted in on first touch, and this
-    machine's kernel takes back memory left idle (its free-page reclaim runs in the
-    background), so an op can fault on several calls in a row before its memory stays.
-    A device's caching allocator holds its blocks; so the timed rounds start once the op
-    runs on memory it already holds.
+    On the CPU a call faults in the memory its temporaries take when glibc places them
+    past what the heap has touched. glibc's best fit does so for several calls after an
+    op's sizes first appear, and can place one call in held memory and the next in fresh
+    memory again (module docstring); a call without faults alone does not show that the
+    op has settled.
     """
-    for _ in range(MAX_WARMUPS if device.type == "cpu" else 1):
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    if device.type != "cpu":
         run()
         sync(device)
-        faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-        if faulted * PAGE_BYTES <= FAULT_SHARE * nbytes:
+        return
+    settled = 0
+    for _ in range(MAX_WARMUPS):
+        faults = _minor_faults()
+        run()
+        faulted = _minor_faults() - faults
+        settled = settled + 1 if faulted * PAGE_BYTES <= FAULT_SHARE * nbytes else 0
+        if settled == SETTLED_CALLS:
             return
+
+
+def _timed(run: Callable[[], object], device: torch.device, clock: Clock) -> tuple[float, float]:
+    """``(seconds on clock, wall seconds)`` of one call of ``run``."""
+    wall, began = time.perf_counter(), clock()
+    run()
+    sync(device)
+    return clock() - began, time.perf_counter() - wall
 
 
 def time_op(
@@ -130,28 +184,34 @@ def time_op(
     ceiling: CopyCeiling,
     repeats: int,
     device: torch.device,
+    clock: Clock = time.perf_counter,
 ) -> Timing:
     """Times ``run`` and ``ceiling.copy(nbytes)`` in turn after warming both up (``_warm_up``);
     at least ``repeats`` rounds, more for a short op (``ROUND_BUDGET_S``)."""
     _warm_up(run, nbytes, device)
     _warm_up(lambda: ceiling.copy(nbytes), nbytes, device)
-    op_s: list[float] = []
-    copy_s: list[float] = []
+    op_s: list[tuple[float, float]] = []
+    copy_s: list[tuple[float, float]] = []
+    faults = 0
     rounds = repeats
     while len(op_s) < rounds:
-        began = time.perf_counter()
-        run()
-        sync(device)
-        middle = time.perf_counter()
-        ceiling.copy(nbytes)
-        sync(device)
-        op_s.append(middle - began)
-        copy_s.append(time.perf_counter() - middle)
+        faults_before = _minor_faults()
+        op_s.append(_timed(run, device, clock))
+        faults += _minor_faults() - faults_before
+        copy_s.append(_timed(lambda: ceiling.copy(nbytes), device, clock))
         if len(op_s) == 1:
-            spent = max(time.perf_counter() - began, 1e-9)
+            spent = max(op_s[0][1] + copy_s[0][1], 1e-9)
             rounds = max(repeats, min(MAX_REPEATS, int(ROUND_BUDGET_S / spent)))
+    median = statistics.median
     return Timing(
-        statistics.median(op_s), statistics.median(copy_s), rounds, min(op_s), min(copy_s)
+        seconds=median(s for s, _ in op_s),
+        copy_seconds=median(s for s, _ in copy_s),
+        rounds=rounds,
+        best_seconds=min(s for s, _ in op_s),
+        copy_best_seconds=min(s for s, _ in copy_s),
+        wall_seconds=median(w for _, w in op_s),
+        copy_wall_seconds=median(w for _, w in copy_s),
+        page_faults=faults,
     )
 
 
@@ -209,40 +269,31 @@ def _libc() -> ctypes.CDLL | None:
         return None
     try:
         libc = ctypes.CDLL(name)
-        return libc if hasattr(libc, "mallopt") else None
     except OSError:
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class Allocator:
-    """The run's allocator: ``caching`` (a device's, or glibc told to keep freed memory)
-    or ``system`` (no glibc to tell: fresh CPU tensors pay their page faults)."""
-
-    name: str
-    libc: ctypes.CDLL | None = None
-
-    def trim(self) -> None:
-        """Hands the memory freed so far back to the system, between two ops, so the run's
-        peak is one op's and not what every op left behind."""
-        if self.libc is not None:
-            self.libc.malloc_trim(0)
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 
 @contextmanager
-def reusing_allocator(device: torch.device) -> Iterator[Allocator]:
-    """For the run, glibc keeps freed memory for the next allocation (module docstring)."""
+def reusing_allocator(device: torch.device) -> Iterator[str]:
+    """For the run, glibc keeps all the memory it is handed back, for the next allocation
+    (module docstring); afterwards it returns it to the system.
+
+    Yields:
+        The run's allocator: ``caching`` (a device's, or glibc keeping freed memory) or
+        ``system`` (no glibc to tell: fresh CPU tensors pay their page faults).
+    """
     if device.type != "cpu":
-        yield Allocator("caching")
+        yield "caching"
         return
     libc = _libc()
     if libc is None:
-        yield Allocator("system")
+        yield "system"
         return
     libc.mallopt(_M_MMAP_MAX, 0)
-    libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
+    libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_FREED)
     try:
-        yield Allocator("caching", libc)
+        yield "caching"
     finally:
         libc.mallopt(_M_MMAP_MAX, _GLIBC_MMAP_MAX)
         libc.mallopt(_M_TRIM_THRESHOLD, _GLIBC_TRIM_THRESHOLD)

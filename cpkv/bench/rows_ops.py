@@ -283,6 +283,14 @@ def replicated_ops(setup: PointSetup, comm: RankAlone) -> Iterator[RowOp]:
     yield _save(setup, pool, setup.level0_plan, "replicated", (0, 1))
 
 
+def _narrow_rows(host: HostPlan) -> int:
+    """Hidden rows the narrow tail writes: the rank's ``bs`` rows (its local last rows
+    selected, or zeros; with some local, zeros and each local row selected and copied in),
+    the gathered stack, the pick of each request's row."""
+    mixed = 0 < host.num_local_last < host.bs
+    return host.bs + (2 * host.num_local_last if mixed else 0) + host.cp_size * host.bs + host.bs
+
+
 def _tail(
     setup: PointSetup, strategies: ExecutionPlan, variant: str, levels: tuple[int, ...]
 ) -> RowOp:
@@ -291,11 +299,7 @@ def _tail(
     hidden = setup.hidden(host.num_local)
     comm = RankAlone(RANK, setup.point.cp_size)
     full = variant == "full"
-    rows = (
-        _gather_rows(host) + host.bs
-        if full
-        else 2 * host.bs + 2 * host.num_local_last + host.cp_size * host.bs
-    )
+    rows = _gather_rows(host) + host.bs if full else _narrow_rows(host)
     collect = collect_full_gather if full else collect_narrow_last_token
     return RowOp(
         op="tail",

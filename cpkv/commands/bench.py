@@ -86,8 +86,9 @@ RowsThreadsOpt = Annotated[
         "--rows-threads",
         min=0,
         metavar="N",
-        help="With --rows: torch threads of the run (0: torch's default, one a core). 1 "
-        "gives steadier figures on a machine other work shares.",
+        help="With --rows: torch threads of the run (0: torch's default, one a core). With "
+        "1 each op runs on one thread and is timed on its CPU time, steady on a machine "
+        "other work shares.",
     ),
 ]
 

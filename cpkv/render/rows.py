@@ -116,8 +116,8 @@ def render_rows(console: Console, report: RowsReport) -> None:
     console.print(
         f"{report.model}: {report.row_bytes} B a token a layer ({report.kv_cache_dtype}), "
         f"{report.num_layers} layers, rank 0 of each point on {report.device} "
-        f"({report.threads} torch threads, {report.allocator} allocator), "
-        f"{report.seconds:.0f} s"
+        f"({report.threads} torch threads, {report.allocator} allocator, {report.clock} "
+        f"clock), {report.seconds:.0f} s"
     )
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")

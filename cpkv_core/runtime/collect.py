@@ -83,12 +83,31 @@ def collect_narrow_last_token(
         ``[bs, hidden]`` last-token hidden states, identical on every rank.
     """
     bs = host.bs
-    contribution = hidden.new_zeros(bs, hidden.shape[1]).index_copy_(
-        0, tensors.local_last_requests, hidden.index_select(0, tensors.local_last_rows)
-    )
+    contribution = _last_token_rows(hidden, host, tensors)
     gathered = comm.all_gather(contribution, "tail_hidden")  # [cp_size, bs, hidden]
-    rows = tensors.last_token_ranks * bs + torch.arange(bs, device=hidden.device)
+    rows = torch.arange(bs, device=hidden.device).add_(tensors.last_token_ranks, alpha=bs)
     return gathered.flatten(0, 1).index_select(0, rows)
+
+
+def _last_token_rows(hidden: Tensor, host: HostPlan, tensors: BatchTensors) -> Tensor:
+    """``[bs, hidden]``: the state of each request whose last token is local, zeros for
+    the others.
+
+    A rank holds the last token of every request or of none in most batches (under the
+    zigzag split rank 0 holds every request's last chunk): the rows are then one select,
+    or zeros, instead of zeros, a select and a scatter. At a few rows a chunk those are
+    kernel launches, not bytes.
+    """
+    # NOTE: the host plan's counts pick the path, so no device value is read; they are the
+    # tables' lengths, so a CUDA graph replayed for a plan of the same fields takes the same
+    # path. ``local_last_requests`` lists requests in order: holding all, it is arange(bs).
+    if host.num_local_last == host.bs:
+        return hidden.index_select(0, tensors.local_last_rows)
+    zeros = hidden.new_zeros(host.bs, hidden.shape[1])
+    if host.num_local_last == 0:
+        return zeros
+    local = hidden.index_select(0, tensors.local_last_rows)
+    return zeros.index_copy_(0, tensors.local_last_requests, local)
 
 
 def collect_local_last_token(
