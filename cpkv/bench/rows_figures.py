@@ -23,6 +23,24 @@ slower)."""
 
 
 @dataclass(frozen=True, slots=True)
+class Timing:
+    """Median seconds of an op and of the copy of its bytes, over ``rounds`` rounds, and the
+    fastest of each, on the run's clock (``op_clock``); the medians on the wall clock too."""
+
+    seconds: float
+    copy_seconds: float
+    rounds: int
+    best_seconds: float
+    """The fastest round of the op (robust on a loaded machine)."""
+    copy_best_seconds: float
+    wall_seconds: float
+    copy_wall_seconds: float
+    page_faults: int
+    """Minor page faults the op's timed calls took, all rounds together (0: it ran on
+    memory the allocator held, as on a device)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RowsEntry:
     """One op at one point, measured on rank 0."""
 
@@ -35,20 +53,16 @@ class RowsEntry:
     per: str
     levels: tuple[int, ...]
     bytes: int
-    seconds: float
-    copy_seconds: float
-    rounds: int
-    best_seconds: float
-    copy_best_seconds: float
-    wall_seconds: float
-    """The median round on the wall clock (``seconds`` is on the run's clock)."""
-    copy_wall_seconds: float
-    page_faults: int
-    """Minor page faults of the op's timed calls, all rounds together."""
+    timing: Timing
     scratch_bytes: int
     planned_scratch_bytes: int | None
     budget: str
     plan_seconds: float | None
+
+    @property
+    def seconds(self) -> float:
+        """The op's median round, on the run's clock."""
+        return self.timing.seconds
 
     @property
     def gb_per_s(self) -> float:
@@ -58,12 +72,12 @@ class RowsEntry:
     @property
     def ratio_to_copy(self) -> float:
         """Its rate over a contiguous copy's of the same bytes, in the same rounds."""
-        return self.copy_seconds / self.seconds
+        return self.timing.copy_seconds / self.seconds
 
     @property
     def ratio_to_copy_best(self) -> float:
         """The fastest round's rate over the fastest copy's (less noise on a busy machine)."""
-        return self.copy_best_seconds / self.best_seconds
+        return self.timing.copy_best_seconds / self.timing.best_seconds
 
     @property
     def scratch_over_plan(self) -> float | None:
@@ -73,14 +87,20 @@ class RowsEntry:
         return self.scratch_bytes / self.planned_scratch_bytes
 
     def to_json(self) -> dict[str, Any]:
-        """One entry of ``real_rows``."""
-        return asdict(self) | {
-            "levels": list(self.levels),
-            "gb_per_s": self.gb_per_s,
-            "ratio_to_copy": self.ratio_to_copy,
-            "ratio_to_copy_best": self.ratio_to_copy_best,
-            "scratch_over_plan": self.scratch_over_plan,
-        }
+        """One entry of ``real_rows``: the timing's fields stand beside the others."""
+        fields = asdict(self)
+        timing: dict[str, Any] = fields.pop("timing")
+        return (
+            fields
+            | timing
+            | {
+                "levels": list(self.levels),
+                "gb_per_s": self.gb_per_s,
+                "ratio_to_copy": self.ratio_to_copy,
+                "ratio_to_copy_best": self.ratio_to_copy_best,
+                "scratch_over_plan": self.scratch_over_plan,
+            }
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,9 +39,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
+
+from cpkv.bench.rows_figures import Timing
 
 __all__ = [
     "Clock",
@@ -106,24 +107,6 @@ class CopyCeiling:
             span = slice(self.cursor, self.cursor + n)
             self.dst[span].copy_(self.src[span])
             self.cursor += n
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """Median seconds of an op and of the copy of its bytes, over ``rounds`` rounds, and the
-    fastest of each, on the run's clock (``op_clock``); the medians on the wall clock too."""
-
-    seconds: float
-    copy_seconds: float
-    rounds: int
-    best_seconds: float
-    """The fastest round of the op (robust on a loaded machine)."""
-    copy_best_seconds: float
-    wall_seconds: float
-    copy_wall_seconds: float
-    page_faults: int
-    """Minor page faults the op's timed calls took, all rounds together (0: it ran on
-    memory the allocator held, as on a device)."""
 
 
 Clock = Callable[[], float]

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cpkv.bench.balance import ALIGNED_RULE, INTERLEAVE_RULE, BalanceFigure
-from cpkv.render.cells import short_bytes
+from cpkv.render.write_path import write_path_table
 from cpkv_core.planning import PAGE_INTERLEAVE_MAX_IMBALANCE, SplitStrategy
 
 COLUMNS = {
@@ -54,23 +54,5 @@ def render_balance(console: Console, figure: BalanceFigure) -> None:
         f"{PAGE_INTERLEAVE_MAX_IMBALANCE:.2f}",
         highlight=False,
     )
-    _render_write_path(console, figure)
-
-
-def _render_write_path(console: Console, figure: BalanceFigure) -> None:
-    levels = sorted({row.level for row in figure.write_path})
-    table = Table(
-        title=f"round-robin write-path all-gather bytes per batch, rank 0 [chosen phase], "
-        f"{figure.cp_size} ranks"
-    )
-    table.add_column("batch", justify="right")
-    for level in levels:
-        table.add_column(f"level {level}", justify="right")
-    by_key = {(row.level, row.batch): row for row in figure.write_path}
-    for batch in sorted({row.batch for row in figure.write_path}):
-        cells = [
-            f"{short_bytes(by_key[level, batch].write_path_bytes)} [{by_key[level, batch].phase}]"
-            for level in levels
-        ]
-        table.add_row(str(batch), *cells)
-    console.print(table)
+    title = f"round-robin write-path all-gather bytes per batch ({figure.cp_size} ranks)"
+    console.print(write_path_table(title, figure.write_path))

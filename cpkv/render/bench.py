@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from cpkv.bench.report import BenchReport
 from cpkv.render.balance import render_balance
@@ -13,6 +12,7 @@ from cpkv.render.cp_off import render_cp_off
 from cpkv.render.pd_bench import render_pd_figure
 from cpkv.render.peer_read import render_overlap, render_peer_read
 from cpkv.render.rollback import render_rollback
+from cpkv.render.write_path import write_path_table
 
 
 def render_bench(console: Console, report: BenchReport) -> None:
@@ -90,7 +90,7 @@ def render_bench(console: Console, report: BenchReport) -> None:
     for r in report.remaps:
         remaps.add_row(r.batch, r.remap, human_bytes(r.view_bytes), f"{r.microseconds:.0f}")
     console.print(remaps)
-    console.print(_write_path_table(report))
+    console.print(write_path_table("write-path all-gather bytes per batch", report.write_path))
     balance = figure_table(
         "pages stored per rank after the trace (owner-aware allocation at 5)",
         ("level", "pages by rank", "max/min"),
@@ -113,20 +113,3 @@ def render_bench(console: Console, report: BenchReport) -> None:
     render_pd_figure(console, report.pd)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
-
-
-def _write_path_table(report: BenchReport) -> Table:
-    """Current-KV all-gather bytes the write needs, per batch and level (0 at level 5)."""
-    levels = sorted({row.level for row in report.write_path})
-    table = Table(title="write-path all-gather bytes per batch, rank 0 [chosen phase]")
-    table.add_column("batch", justify="right")
-    for level in levels:
-        table.add_column(f"level {level}", justify="right")
-    by_key = {(row.level, row.batch): row for row in report.write_path}
-    for batch in sorted({row.batch for row in report.write_path}):
-        cells = [
-            f"{human_bytes(by_key[level, batch].write_path_bytes)} [{by_key[level, batch].phase}]"
-            for level in levels
-        ]
-        table.add_row(str(batch), *cells)
-    return table
