@@ -15,6 +15,9 @@ from cpkv_core.config import CpMode, DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec, RequestSpec, build_host_plan, pages_for_trace
 from phases import PhaseId
 
+HOST_PLAN_PAGE_SIZE = 64
+"""The host-plan figure's page size (NSA models' page), whatever the bench's own."""
+
 
 @dataclass(frozen=True, slots=True)
 class GateTiming:
@@ -37,10 +40,6 @@ def bench_gate(deploy: DeploymentConfig, sizes: Sequence[int] = (1, 32, 256)) ->
         seconds = median_seconds(partial(loop.gate.decide, scheduled), repeats=repeats)
         rows.append(GateTiming(bs, seconds * 1e6))
     return rows
-
-
-HOST_PLAN_PAGE_SIZE = 64
-"""The host-plan figure's page size (NSA models' page), whatever the bench's own."""
 
 
 @dataclass(frozen=True, slots=True)

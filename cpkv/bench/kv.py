@@ -35,27 +35,6 @@ from cpkv_core.runtime import (
 from phases import PhaseId
 
 
-def _job(
-    model: ModelConfig,
-    deploy: DeploymentConfig,
-    batches: Sequence[BatchSpec],
-    levels: Sequence[int],
-    debug_checks: bool = False,
-    device: str = "cpu",
-) -> RankJob:
-    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
-    return RankJob(
-        model,
-        deploy,
-        tuple(batches),
-        tuple(levels),
-        num_pages,
-        ALL_PHASES,
-        debug_checks=debug_checks,
-        device=device,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class KvShare:
     """Persistent KV per rank after a trace: replicated (level 0) vs sharded (level 2)."""
@@ -77,6 +56,70 @@ class KvShare:
         request."""
         bound = self.replicated_bytes / self.cp_size + self.requests * self.page_bytes
         return max(self.sharded_bytes_by_rank) <= bound
+
+
+@dataclass(frozen=True, slots=True)
+class MaterializedBytes:
+    """Bytes one rank gathers to materialize views for one batch, at levels 2 and 3."""
+
+    batch: int
+    has_history: bool
+    level2_bytes: int
+    level3_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemapCost:
+    """View buffer bytes and plan + run time of one remap on one batch (rank 0)."""
+
+    batch: str
+    remap: str
+    view_bytes: int
+    microseconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """End-to-end prefill time of a trace at one level on a gloo group, median of repeats."""
+
+    level: int
+    seconds: float
+    ratio_to_level0: float
+
+
+@dataclass(frozen=True, slots=True)
+class PageBalance:
+    """Pages each rank stores after the trace at one level (sharded levels only)."""
+
+    level: int
+    pages_by_rank: tuple[int, ...]
+    """Pages in use that each rank's pool stores, rank 0 first."""
+
+    @property
+    def max_over_min(self) -> float:
+        """Largest over smallest rank's pages (1.0 is perfect balance)."""
+        return max(self.pages_by_rank) / max(1, min(self.pages_by_rank))
+
+
+def _job(
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    batches: Sequence[BatchSpec],
+    levels: Sequence[int],
+    debug_checks: bool = False,
+    device: str = "cpu",
+) -> RankJob:
+    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
+    return RankJob(
+        model,
+        deploy,
+        tuple(batches),
+        tuple(levels),
+        num_pages,
+        ALL_PHASES,
+        debug_checks=debug_checks,
+        device=device,
+    )
 
 
 def bench_kv_share(
@@ -101,16 +144,6 @@ def bench_kv_share(
     return rows
 
 
-@dataclass(frozen=True, slots=True)
-class MaterializedBytes:
-    """Bytes one rank gathers to materialize views for one batch, at levels 2 and 3."""
-
-    batch: int
-    has_history: bool
-    level2_bytes: int
-    level3_bytes: int
-
-
 def materialized_bytes(
     runs: Sequence[LevelRun], batches: Sequence[BatchSpec]
 ) -> list[MaterializedBytes]:
@@ -125,16 +158,6 @@ def materialized_bytes(
         )
         for i, batch in enumerate(batches)
     ]
-
-
-@dataclass(frozen=True, slots=True)
-class RemapCost:
-    """View buffer bytes and plan + run time of one remap on one batch (rank 0)."""
-
-    batch: str
-    remap: str
-    view_bytes: int
-    microseconds: float
 
 
 def remap_batches(
@@ -214,15 +237,6 @@ def bench_remaps(
     return rows
 
 
-@dataclass(frozen=True, slots=True)
-class StepTime:
-    """End-to-end prefill time of a trace at one level on a gloo group, median of repeats."""
-
-    level: int
-    seconds: float
-    ratio_to_level0: float
-
-
 def _trace_seconds(run: LevelRun) -> float:
     """A trace's time: per batch the slowest rank, summed."""
     return sum(max(p.seconds for p in pieces) for pieces in run.rank_outputs)
@@ -256,20 +270,6 @@ def step_times(
     base = per_level[levels[0]]
     times = [StepTime(level, s, s / base) for level, s in per_level.items()]
     return times, list(runs[-len(levels) :])
-
-
-@dataclass(frozen=True, slots=True)
-class PageBalance:
-    """Pages each rank stores after the trace at one level (sharded levels only)."""
-
-    level: int
-    pages_by_rank: tuple[int, ...]
-    """Pages in use that each rank's pool stores, rank 0 first."""
-
-    @property
-    def max_over_min(self) -> float:
-        """Largest over smallest rank's pages (1.0 is perfect balance)."""
-        return max(self.pages_by_rank) / max(1, min(self.pages_by_rank))
 
 
 def page_balance(runs: Sequence[LevelRun], page_bytes: int) -> list[PageBalance]:

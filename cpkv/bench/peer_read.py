@@ -23,42 +23,53 @@ from cpkv_core.runtime import kv_bytes_per_token
 
 
 @dataclass(frozen=True, slots=True)
+class ModeCost:
+    """What one batch's level-2 read cost under one materialize mode (rank 0's bytes)."""
+
+    collective_bytes: dict[str, int]
+    """All-gathered bytes by collective tag."""
+    copied_bytes: int
+    """Bytes written into the view (gather: the send slots plus the padded gathered view)
+    or the key buffer (peer-read: the unpadded history view plus the current rows)."""
+    seconds: float
+    """The batch's slowest rank, median over rounds."""
+
+    @property
+    def materialize_bytes(self) -> int:
+        """The history view's gather (0 under peer-read)."""
+        return self.collective_bytes.get("materialize", 0)
+
+    def to_json(self) -> dict[str, Any]:
+        """One mode of a ``peer_read.batches`` row."""
+        return {
+            "collective_bytes": self.collective_bytes,
+            "materialize_bytes": self.materialize_bytes,
+            "copied_bytes": self.copied_bytes,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class PeerReadBatch:
-    """One batch at level 2, gather vs peer-read (rank 0's bytes)."""
+    """One batch at level 2, gather vs peer-read."""
 
     batch: int
     history_tokens: int
-    gather_collective_bytes: dict[str, int]
-    peer_read_collective_bytes: dict[str, int]
-    gather_copied_bytes: int
-    """Bytes written into the view: the send slots plus the padded gathered view."""
-    peer_read_copied_bytes: int
-    """Bytes written into the key buffer: the unpadded history view plus the current rows."""
-    gather_seconds: float
-    peer_read_seconds: float
+    gather: ModeCost
+    peer_read: ModeCost
 
     @property
     def time_ratio(self) -> float:
         """Gather time over peer-read time (above 1: peer-read is faster)."""
-        return self.gather_seconds / self.peer_read_seconds
+        return self.gather.seconds / self.peer_read.seconds
 
     def to_json(self) -> dict[str, Any]:
         """One row of ``peer_read.batches``."""
         return {
             "batch": self.batch,
             "history_tokens": self.history_tokens,
-            "gather": {
-                "collective_bytes": self.gather_collective_bytes,
-                "materialize_bytes": self.gather_collective_bytes.get("materialize", 0),
-                "copied_bytes": self.gather_copied_bytes,
-                "seconds": self.gather_seconds,
-            },
-            "peer_read": {
-                "collective_bytes": self.peer_read_collective_bytes,
-                "materialize_bytes": self.peer_read_collective_bytes.get("materialize", 0),
-                "copied_bytes": self.peer_read_copied_bytes,
-                "seconds": self.peer_read_seconds,
-            },
+            "gather": self.gather.to_json(),
+            "peer_read": self.peer_read.to_json(),
             "time_ratio": self.time_ratio,
         }
 
@@ -84,23 +95,22 @@ def peer_read_figure(
             mode: build_host_plan(step.scheduled, step.decision.plan, 0, peer_read=peer)
             for mode, peer in zip(MODES, (False, True), strict=True)
         }
-        seconds = {
-            mode: statistics.median(
-                max(p.seconds for p in run.rank_outputs[i]) for run in by_mode[mode][1:]
+        costs = {
+            mode: ModeCost(
+                dict(by_mode[mode][-1].rank_outputs[i][0].gathered_bytes),
+                _copied_rows(hosts[mode]) * per_row,
+                statistics.median(
+                    max(p.seconds for p in run.rank_outputs[i]) for run in by_mode[mode][1:]
+                ),
             )
             for mode in MODES
         }
-        gather, peer = (by_mode[mode][-1].rank_outputs[i][0].gathered_bytes for mode in MODES)
         rows.append(
             PeerReadBatch(
                 batch=step.scheduled.batch,
                 history_tokens=hosts[MaterializeMode.PEER_READ].history_tokens,
-                gather_collective_bytes=dict(gather),
-                peer_read_collective_bytes=dict(peer),
-                gather_copied_bytes=_copied_rows(hosts[MaterializeMode.GATHER]) * per_row,
-                peer_read_copied_bytes=_copied_rows(hosts[MaterializeMode.PEER_READ]) * per_row,
-                gather_seconds=seconds[MaterializeMode.GATHER],
-                peer_read_seconds=seconds[MaterializeMode.PEER_READ],
+                gather=costs[MaterializeMode.GATHER],
+                peer_read=costs[MaterializeMode.PEER_READ],
             )
         )
     return rows

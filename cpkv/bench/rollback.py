@@ -51,50 +51,6 @@ class RankSample:
     device is done)."""
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time_batch(engine: CPEngine, step: LoopStep, rounds: int) -> RankSample:
-    """Times the save of the rows ``step`` will write (every rank together, a warm-up first),
-    then runs the batch through ``run_batch``, which saves them once more and commits."""
-    _, tensors = engine.prepare(step.scheduled, step.decision.plan)
-    samples = []
-    for _ in range(WARMUP + rounds):
-        engine.comm.barrier()
-        _sync(engine.device)
-        start = time.perf_counter()
-        saved = engine.pool.save_rows(tensors.write_dest)
-        _sync(engine.device)
-        samples.append(time.perf_counter() - start)
-    engine.comm.barrier()
-    start = time.perf_counter()
-    engine.run_batch(step.scheduled, step.decision.plan)
-    _sync(engine.device)
-    batch_seconds = time.perf_counter() - start
-    save = statistics.median(samples[WARMUP:])
-    return RankSample(int(saved.rows.numel()), saved.nbytes, save, batch_seconds)
-
-
-def _measure_level(
-    comm: Communicator,
-    model: ModelConfig,
-    deploy: DeploymentConfig,
-    steps: Sequence[LoopStep],
-    num_pages: int,
-    rounds: int,
-    device: str,
-) -> list[RankSample]:
-    """On one rank: a fresh engine, every batch timed then committed, in order."""
-    layout = steps[0].decision.plan.kv_layout
-    engine = CPEngine(model, deploy, comm, num_pages, layout, device=device)
-    with torch.no_grad():
-        samples = [_time_batch(engine, step, rounds) for step in steps]
-    engine.close()
-    return samples
-
-
 @dataclass(frozen=True, slots=True)
 class RollbackBatch:
     """One batch at one level: what each rank saved, and the save against the batch's run."""
@@ -119,19 +75,6 @@ class RollbackBatch:
         """One row of ``rollback.levels[].batches``."""
         fields = {k: v for k, v in asdict(self).items() if k != "level"}
         return fields | {"save_over_step": self.save_over_step}
-
-
-def _batch_row(level: int, step: LoopStep, pieces: Sequence[RankSample]) -> RollbackBatch:
-    return RollbackBatch(
-        level=level,
-        batch=step.scheduled.batch,
-        phase=int(step.decision.phase),
-        tokens=step.scheduled.num_tokens,
-        saved_rows_by_rank=tuple(p.rows for p in pieces),
-        saved_bytes_by_rank=tuple(p.nbytes for p in pieces),
-        save_seconds=max(p.save_seconds for p in pieces),
-        step_seconds=max(p.batch_seconds for p in pieces),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +139,63 @@ class RollbackFigure:
                 for level in self.levels
             ],
         }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_batch(engine: CPEngine, step: LoopStep, rounds: int) -> RankSample:
+    """Times the save of the rows ``step`` will write (every rank together, a warm-up first),
+    then runs the batch through ``run_batch``, which saves them once more and commits."""
+    _, tensors = engine.prepare(step.scheduled, step.decision.plan)
+    samples = []
+    for _ in range(WARMUP + rounds):
+        engine.comm.barrier()
+        _sync(engine.device)
+        start = time.perf_counter()
+        saved = engine.pool.save_rows(tensors.write_dest)
+        _sync(engine.device)
+        samples.append(time.perf_counter() - start)
+    engine.comm.barrier()
+    start = time.perf_counter()
+    engine.run_batch(step.scheduled, step.decision.plan)
+    _sync(engine.device)
+    batch_seconds = time.perf_counter() - start
+    save = statistics.median(samples[WARMUP:])
+    return RankSample(int(saved.rows.numel()), saved.nbytes, save, batch_seconds)
+
+
+def _measure_level(
+    comm: Communicator,
+    model: ModelConfig,
+    deploy: DeploymentConfig,
+    steps: Sequence[LoopStep],
+    num_pages: int,
+    rounds: int,
+    device: str,
+) -> list[RankSample]:
+    """On one rank: a fresh engine, every batch timed then committed, in order."""
+    layout = steps[0].decision.plan.kv_layout
+    engine = CPEngine(model, deploy, comm, num_pages, layout, device=device)
+    with torch.no_grad():
+        samples = [_time_batch(engine, step, rounds) for step in steps]
+    engine.close()
+    return samples
+
+
+def _batch_row(level: int, step: LoopStep, pieces: Sequence[RankSample]) -> RollbackBatch:
+    return RollbackBatch(
+        level=level,
+        batch=step.scheduled.batch,
+        phase=int(step.decision.phase),
+        tokens=step.scheduled.num_tokens,
+        saved_rows_by_rank=tuple(p.rows for p in pieces),
+        saved_bytes_by_rank=tuple(p.nbytes for p in pieces),
+        save_seconds=max(p.save_seconds for p in pieces),
+        step_seconds=max(p.batch_seconds for p in pieces),
+    )
 
 
 def rollback_figure(

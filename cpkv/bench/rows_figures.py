@@ -119,6 +119,40 @@ class ProjectionRow:
     """Time added (+) or saved (-) against level 0."""
 
 
+@dataclass(frozen=True, slots=True)
+class RemapVerdict:
+    """Slot against unique remap at one point and read, per chunk over all layers."""
+
+    history: int
+    bs: int
+    cp_size: int
+    shared_prefix: bool
+    read: str
+    """``gather`` or ``peer-read``."""
+    slot_bytes: int
+    unique_bytes: int
+    slot_seconds: float
+    unique_seconds: float
+    """Per chunk: every layer's view, plus the host plan once."""
+    slot_scratch_bytes: int
+    unique_scratch_bytes: int
+    slot_plan_seconds: float
+    unique_plan_seconds: float
+
+    @property
+    def winner(self) -> str:
+        """The faster remap per chunk; ``tie`` when the two are within ``TIE_BAND`` of the
+        slower (equal bytes through the same op differ by noise alone)."""
+        slower = max(self.slot_seconds, self.unique_seconds)
+        if abs(self.slot_seconds - self.unique_seconds) <= TIE_BAND * slower:
+            return "tie"
+        return "unique" if self.unique_seconds < self.slot_seconds else "slot"
+
+    def to_json(self) -> dict[str, Any]:
+        """One entry of ``slot_vs_unique``."""
+        return asdict(self) | {"winner": self.winner}
+
+
 def _level_ops(level: int, read: str) -> tuple[list[tuple[str, str]], tuple[str, str]]:
     """``(per-layer ops, tail op)`` a history batch runs at ``level``."""
     if level <= 1:
@@ -153,40 +187,6 @@ def projection(entries: Sequence[RowsEntry], num_layers: int) -> list[Projection
                     ProjectionRow(history, bs, cp, read, level, seconds, nbytes, seconds - base)
                 )
     return rows
-
-
-@dataclass(frozen=True, slots=True)
-class RemapVerdict:
-    """Slot against unique remap at one point and read, per chunk over all layers."""
-
-    history: int
-    bs: int
-    cp_size: int
-    shared_prefix: bool
-    read: str
-    """``gather`` or ``peer-read``."""
-    slot_bytes: int
-    unique_bytes: int
-    slot_seconds: float
-    unique_seconds: float
-    """Per chunk: every layer's view, plus the host plan once."""
-    slot_scratch_bytes: int
-    unique_scratch_bytes: int
-    slot_plan_seconds: float
-    unique_plan_seconds: float
-
-    @property
-    def winner(self) -> str:
-        """The faster remap per chunk; ``tie`` when the two are within ``TIE_BAND`` of the
-        slower (equal bytes through the same op differ by noise alone)."""
-        slower = max(self.slot_seconds, self.unique_seconds)
-        if abs(self.slot_seconds - self.unique_seconds) <= TIE_BAND * slower:
-            return "tie"
-        return "unique" if self.unique_seconds < self.slot_seconds else "slot"
-
-    def to_json(self) -> dict[str, Any]:
-        """One entry of ``slot_vs_unique``."""
-        return asdict(self) | {"winner": self.winner}
 
 
 def slot_vs_unique(entries: Sequence[RowsEntry], num_layers: int) -> list[RemapVerdict]:

@@ -29,95 +29,110 @@ MODEL_CHOICES = "|".join(MODEL_PRESETS)
 IntOpt = int | None
 FloatOpt = float | None
 
+GpuMemOpt = Annotated[float, typer.Option("--gpu-mem-gib", help="GPU memory per rank, in GiB.")]
+PlanModelOpt = Annotated[
+    str | None, typer.Option("--model", help=f"Model preset: {MODEL_CHOICES}.")
+]
+ModelPathOpt = Annotated[
+    str | None,
+    typer.Option("--model-path", help="SGLang's --model-path, e.g. deepseek-ai/DeepSeek-V3.2."),
+]
+FromSglangOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--from-sglang",
+        help="Read model, sizes, memory fraction, KV dtype from "
+        "an SGLang launch command; the options below override it.",
+    ),
+]
+PlanCpSizeOpt = Annotated[IntOpt, typer.Option("--cp-size", help="CP ranks (default: 1).")]
+TpSizeOpt = Annotated[
+    IntOpt, typer.Option("--tp-size", help="Ranks of the model instance (default: dp x cp).")
+]
+EpSizeOpt = Annotated[IntOpt, typer.Option("--ep-size", help="Expert-parallel ranks (default: 1).")]
+DpAttentionOpt = Annotated[
+    IntOpt, typer.Option("--dp-attention", help="Attention-DP groups; 1 means off (default: 1).")
+]
+MemFractionOpt = Annotated[
+    FloatOpt,
+    typer.Option(
+        "--mem-fraction-static",
+        help="SGLang's share of GPU memory for weights and KV (default: as SGLang derives it).",
+    ),
+]
+ReserveGibOpt = Annotated[
+    FloatOpt,
+    typer.Option(
+        "--reserve-gib",
+        help="GiB for activations and CUDA graphs; sets the fraction to 1 - reserve/gpu.",
+    ),
+]
+ChunkedPrefillOpt = Annotated[
+    IntOpt, typer.Option("--chunked-prefill-size", help="Sizes SGLang's default reserve.")
+]
+CudaGraphBsOpt = Annotated[
+    IntOpt, typer.Option("--cuda-graph-max-bs", help="Sizes SGLang's default reserve.")
+]
+KvCacheDtypeOpt = Annotated[
+    str | None,
+    typer.Option("--kv-cache-dtype", help="auto|bf16|fp8_e4m3 (default: auto = bf16)."),
+]
+WeightDtypeOpt = Annotated[
+    WeightDtype | None,
+    typer.Option("--weight-dtype", help="Linear-layer weights (default: the checkpoint's)."),
+]
+PlanPageSizeOpt = Annotated[
+    IntOpt, typer.Option("--page-size", help="Tokens per page (default: 64).")
+]
+MaxViewTokensOpt = Annotated[
+    IntOpt,
+    typer.Option(
+        "--max-view-tokens",
+        help="Largest view one batch reads at level >= 2; sizes the scratch (default: 131072).",
+    ),
+]
+PlanMaterializeOpt = Annotated[
+    MaterializeMode | None,
+    typer.Option(
+        "--materialize",
+        help="How level >= 2 builds its view: gather (send slots + padded view) or "
+        "peer-read (the view alone). Default: gather.",
+    ),
+]
+PlanPrefetchOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--materialize-prefetch",
+        help="Count a second view buffer: layer l+1's view is fetched while layer l "
+        "computes. Default: off.",
+    ),
+]
+PlanOutOpt = Annotated[
+    Path | None, out_option("plan.json, capacity.json (cp 1-8) and capacity.png")
+]
+
 
 def plan_command(
-    gpu_mem_gib: Annotated[
-        float, typer.Option("--gpu-mem-gib", help="GPU memory per rank, in GiB.")
-    ],
-    model_name: Annotated[
-        str | None, typer.Option("--model", help=f"Model preset: {MODEL_CHOICES}.")
-    ] = None,
-    model_path: Annotated[
-        str | None,
-        typer.Option("--model-path", help="SGLang's --model-path, e.g. deepseek-ai/DeepSeek-V3.2."),
-    ] = None,
-    from_sglang: Annotated[
-        str | None,
-        typer.Option(
-            "--from-sglang",
-            help="Read model, sizes, memory fraction, KV dtype from "
-            "an SGLang launch command; the options below override it.",
-        ),
-    ] = None,
-    cp_size: Annotated[IntOpt, typer.Option("--cp-size", help="CP ranks (default: 1).")] = None,
-    tp_size: Annotated[
-        IntOpt, typer.Option("--tp-size", help="Ranks of the model instance (default: dp x cp).")
-    ] = None,
-    ep_size: Annotated[
-        IntOpt, typer.Option("--ep-size", help="Expert-parallel ranks (default: 1).")
-    ] = None,
-    dp_attention: Annotated[
-        IntOpt,
-        typer.Option("--dp-attention", help="Attention-DP groups; 1 means off (default: 1)."),
-    ] = None,
-    mem_fraction_static: Annotated[
-        FloatOpt,
-        typer.Option(
-            "--mem-fraction-static",
-            help="SGLang's share of GPU memory for weights and KV (default: as SGLang derives it).",
-        ),
-    ] = None,
-    reserve_gib: Annotated[
-        FloatOpt,
-        typer.Option(
-            "--reserve-gib",
-            help="GiB for activations and CUDA graphs; sets the fraction to 1 - reserve/gpu.",
-        ),
-    ] = None,
-    chunked_prefill_size: Annotated[
-        IntOpt, typer.Option("--chunked-prefill-size", help="Sizes SGLang's default reserve.")
-    ] = None,
-    cuda_graph_max_bs: Annotated[
-        IntOpt, typer.Option("--cuda-graph-max-bs", help="Sizes SGLang's default reserve.")
-    ] = None,
-    kv_cache_dtype: Annotated[
-        str | None,
-        typer.Option("--kv-cache-dtype", help="auto|bf16|fp8_e4m3 (default: auto = bf16)."),
-    ] = None,
-    weight_dtype: Annotated[
-        WeightDtype | None,
-        typer.Option("--weight-dtype", help="Linear-layer weights (default: the checkpoint's)."),
-    ] = None,
-    page_size: Annotated[
-        IntOpt, typer.Option("--page-size", help="Tokens per page (default: 64).")
-    ] = None,
-    max_view_tokens: Annotated[
-        IntOpt,
-        typer.Option(
-            "--max-view-tokens",
-            help="Largest view one batch reads at level >= 2; sizes the scratch (default: 131072).",
-        ),
-    ] = None,
-    materialize: Annotated[
-        MaterializeMode | None,
-        typer.Option(
-            "--materialize",
-            help="How level >= 2 builds its view: gather (send slots + padded view) or "
-            "peer-read (the view alone). Default: gather.",
-        ),
-    ] = None,
-    materialize_prefetch: Annotated[
-        bool | None,
-        typer.Option(
-            "--materialize-prefetch",
-            help="Count a second view buffer: layer l+1's view is fetched while layer l "
-            "computes. Default: off.",
-        ),
-    ] = None,
+    gpu_mem_gib: GpuMemOpt,
+    model_name: PlanModelOpt = None,
+    model_path: ModelPathOpt = None,
+    from_sglang: FromSglangOpt = None,
+    cp_size: PlanCpSizeOpt = None,
+    tp_size: TpSizeOpt = None,
+    ep_size: EpSizeOpt = None,
+    dp_attention: DpAttentionOpt = None,
+    mem_fraction_static: MemFractionOpt = None,
+    reserve_gib: ReserveGibOpt = None,
+    chunked_prefill_size: ChunkedPrefillOpt = None,
+    cuda_graph_max_bs: CudaGraphBsOpt = None,
+    kv_cache_dtype: KvCacheDtypeOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    page_size: PlanPageSizeOpt = None,
+    max_view_tokens: MaxViewTokensOpt = None,
+    materialize: PlanMaterializeOpt = None,
+    materialize_prefetch: PlanPrefetchOpt = None,
     as_json: JsonOpt = False,
-    out_dir: Annotated[
-        Path | None, out_option("plan.json, capacity.json (cp 1-8) and capacity.png")
-    ] = None,
+    out_dir: PlanOutOpt = None,
 ) -> None:
     """Weights, KV pool and token capacity per rank and per CP group: level 0 (replicated
     KV) vs levels >= 2 (sharded KV, materialization scratch counted)."""

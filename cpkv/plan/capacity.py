@@ -21,7 +21,7 @@ holds; levels 3..5 store what level 2 stores.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from cpkv.plan.inputs import PlanInputs
@@ -63,17 +63,8 @@ class LevelCapacity:
     """What sets it: ``kv_pool``, ``max_view_tokens`` or ``model_context``."""
 
     def to_json(self) -> dict[str, Any]:
-        """The stable JSON form (keys as in ``docs/capacity.md``)."""
-        return {
-            "level": self.level,
-            "kv_bytes_per_token_per_rank": self.kv_bytes_per_token_per_rank,
-            "scratch_bytes_per_rank": self.scratch_bytes_per_rank,
-            "kv_pool_bytes_per_rank": self.kv_pool_bytes_per_rank,
-            "tokens_per_rank": self.tokens_per_rank,
-            "tokens_per_deployment": self.tokens_per_deployment,
-            "max_request_tokens": self.max_request_tokens,
-            "max_request_limit": self.max_request_limit,
-        }
+        """The stable JSON form: the fields, in order (keys as in ``docs/capacity.md``)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

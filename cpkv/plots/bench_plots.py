@@ -28,6 +28,24 @@ def _bar_labels(ax: Axes, positions: Sequence[float], values: Sequence[float]) -
         ax.annotate(f"{value:,.0f}", (x, value), ha="center", va="bottom", fontsize=8)
 
 
+def _labelled_line(
+    ax: Axes, x: Sequence[int], micros: Sequence[float], color: str, label: str
+) -> None:
+    """``micros`` against ``x`` as a line, each point's value written above it."""
+    ax.plot(x, micros, marker="o", color=color, label=label)
+    _bar_labels(ax, x, micros)
+
+
+def _log2_axes(
+    ax: Axes, title: str, ticks: Sequence[int], tick_labels: Sequence[str], x_label: str
+) -> None:
+    """Titles ``ax`` and draws its x axis in base-2 log with one labelled tick per point."""
+    ax.set_title(title)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, tick_labels)
+    ax.set_xlabel(x_label)
+
+
 def plot_bytes_by_batch(doc: Document) -> Plot | Skip:
     """Bytes all-gathered per batch at each level, stacked by what they were for."""
     rows = doc.get("bytes_by_batch")
@@ -78,13 +96,9 @@ def plot_gate_time(doc: Document) -> Plot | Skip:
     figure = new_figure(7.0, 4.0)
     ax = figure.axes[0]
     label = "Gate.decide, every phase enabled"
-    ax.plot(bs, micros, marker="o", color=level_color(5), label=label)
-    _bar_labels(ax, bs, micros)
+    _labelled_line(ax, bs, micros, level_color(5), label)
     title = "Gate decision time per batch against batch size (median)"
-    ax.set_title(title)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(bs, [str(b) for b in bs])
-    ax.set_xlabel("batch size (requests per batch, log scale)")
+    _log2_axes(ax, title, bs, [str(b) for b in bs], "batch size (requests per batch, log scale)")
     ax.set_ylabel("µs per batch")
     ax.set_ylim(0, max(micros) * 1.2)  # NOTE: headroom for the value labels
     ax.grid(alpha=0.3)
@@ -107,8 +121,7 @@ def plot_host_plan_time(doc: Document) -> Plot | Skip:
     figure = new_figure(7.0, 4.0)
     ax = figure.axes[0]
     label_us = "µs per batch (left)"
-    ax.plot(history, micros, marker="o", color=level_color(2), label=label_us)
-    _bar_labels(ax, history, micros)
+    _labelled_line(ax, history, micros, level_color(2), label_us)
     twin = ax.twinx()
     label = "µs per page-table entry (right)"
     twin.plot(history, per_page, marker="s", linestyle="--", color="#555555", label=label)
@@ -116,10 +129,9 @@ def plot_host_plan_time(doc: Document) -> Plot | Skip:
     twin.set_ylim(0, max(per_page) * 1.4)
     requests = rows[0]["requests"]
     title = f"Host plan of one rank, {requests} requests, page 64: time against history"
-    ax.set_title(title)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(history, [_tokens(h) for h in history])
-    ax.set_xlabel("history tokens per request (log scale)")
+    _log2_axes(
+        ax, title, history, [_tokens(h) for h in history], "history tokens per request (log scale)"
+    )
     ax.set_ylabel("µs per batch")
     ax.set_ylim(0, max(micros) * 1.4)
     ax.grid(alpha=0.3)
@@ -215,10 +227,9 @@ def plot_cp_off_step_time(doc: Document) -> Plot | Skip:
         ax.axvline(even, color="#2ca02c", linestyle="--", label=f"CP on faster from {even}")
     cp_size = doc["cp_off"].get("cp_size", "?")
     title = f"Step time, CP on over CP off, by batch size (cp {cp_size}, gloo)"
-    ax.set_title(title)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(tokens, [_tokens(t) for t in tokens])
-    ax.set_xlabel("current tokens in the batch (log scale)")
+    _log2_axes(
+        ax, title, tokens, [_tokens(t) for t in tokens], "current tokens in the batch (log scale)"
+    )
     ax.set_ylabel("time with CP on / time with CP off")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)

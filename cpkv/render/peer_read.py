@@ -29,16 +29,16 @@ def render_peer_read(console: Console, rows: Sequence[PeerReadBatch], cp_size: i
         ),
     )
     for row in rows:
-        gather, peer = row.gather_collective_bytes, row.peer_read_collective_bytes
+        gather, peer = row.gather, row.peer_read
         table.add_row(
             str(row.batch),
             str(row.history_tokens),
-            f"{sum(gather.values()):,}",
-            f"{sum(peer.values()):,}",
-            f"{gather.get('materialize', 0):,}",
-            f"{peer.get('materialize', 0):,}",
-            f"{row.gather_copied_bytes:,}",
-            f"{row.peer_read_copied_bytes:,}",
+            f"{sum(gather.collective_bytes.values()):,}",
+            f"{sum(peer.collective_bytes.values()):,}",
+            f"{gather.materialize_bytes:,}",
+            f"{peer.materialize_bytes:,}",
+            f"{gather.copied_bytes:,}",
+            f"{peer.copied_bytes:,}",
             f"{row.time_ratio:.2f}",
         )
     console.print(table)

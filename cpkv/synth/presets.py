@@ -8,7 +8,6 @@ with fewer, shorter requests and 1024-token chunks, so ``cpkv verify`` runs it o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -38,111 +37,94 @@ class Size(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Preset:
-    """A workload generator and the scheduler settings it is meant to run under."""
+    """A workload shape and the scheduler settings it is meant to run under."""
 
     summary: str
-    make: Callable[[int], Workload]
-    """Builds the workload from a seed."""
+    shape: GspShape | LongDocShape | AgentShape
+    """What :meth:`make` builds: a ``GspShape`` is the chat preset's."""
     scheduler: SchedulerConfig
 
-
-def _chat(shape: GspShape, concurrency: int | None) -> Callable[[int], Workload]:
-    def make(seed: int) -> Workload:
-        workload = generated_shared_prefix(shape, seed, "chat")
-        return Workload(workload.name, workload.sessions, concurrency)
-
-    return make
+    def make(self, seed: int) -> Workload:
+        """Builds the workload from a seed."""
+        if isinstance(self.shape, LongDocShape):
+            return long_doc(self.shape, seed)
+        if isinstance(self.shape, AgentShape):
+            return agent(self.shape, seed)
+        return generated_shared_prefix(self.shape, seed, "chat")
 
 
 PRESETS: dict[tuple[str, Size], Preset] = {
     ("chat", Size.FULL): Preset(
         "16 system prompts (512-2048 tokens) x 32 users, questions of 64-256 tokens, 64 in flight",
-        _chat(
-            GspShape(
-                num_groups=16,
-                prompts_per_group=32,
-                system_prompt_len=2048,
-                question_len=256,
-                range_ratio=0.25,
-            ),
-            64,
+        GspShape(
+            num_groups=16,
+            prompts_per_group=32,
+            system_prompt_len=2048,
+            question_len=256,
+            range_ratio=0.25,
+            max_concurrency=64,
         ),
         SchedulerConfig(),
     ),
     ("chat", Size.SMALL): Preset(
         "2 system prompts (256-512 tokens) x 4 users, questions of 64-128 tokens",
-        _chat(
-            GspShape(
-                num_groups=2,
-                prompts_per_group=4,
-                system_prompt_len=512,
-                question_len=128,
-                range_ratio=0.5,
-            ),
-            None,
+        GspShape(
+            num_groups=2,
+            prompts_per_group=4,
+            system_prompt_len=512,
+            question_len=128,
+            range_ratio=0.5,
         ),
         SMALL_SCHEDULER,
     ),
     ("long-doc", Size.FULL): Preset(
         "16 documents of 32K-128K tokens, 4 questions each (64-512 tokens) asked one after "
         "another, 4 documents in flight",
-        lambda seed: long_doc(
-            LongDocShape(
-                num_docs=16,
-                doc_len_min=32768,
-                doc_len_max=131072,
-                questions_per_doc=4,
-                question_len=512,
-                max_concurrency=4,
-            ),
-            seed,
+        LongDocShape(
+            num_docs=16,
+            doc_len_min=32768,
+            doc_len_max=131072,
+            questions_per_doc=4,
+            question_len=512,
+            max_concurrency=4,
         ),
         SchedulerConfig(),
     ),
     ("long-doc", Size.SMALL): Preset(
         "2 documents of 2K-4K tokens, 2 questions each (16-128 tokens), both in flight",
-        lambda seed: long_doc(
-            LongDocShape(
-                num_docs=2,
-                doc_len_min=2048,
-                doc_len_max=4096,
-                questions_per_doc=2,
-                question_len=128,
-                max_concurrency=2,
-            ),
-            seed,
+        LongDocShape(
+            num_docs=2,
+            doc_len_min=2048,
+            doc_len_max=4096,
+            questions_per_doc=2,
+            question_len=128,
+            max_concurrency=2,
         ),
         SMALL_SCHEDULER,
     ),
     ("agent", Size.FULL): Preset(
         "16 agents x 12 turns on a shared 4K-token system prompt; each turn adds the "
         "model's output (128-512) and a tool result (512-4096)",
-        lambda seed: agent(
-            AgentShape(
-                num_agents=16,
-                turns=12,
-                system_prompt_len=4096,
-                task_len=1024,
-                output_len=512,
-                observation_len=4096,
-            ),
-            seed,
+        AgentShape(
+            num_agents=16,
+            turns=12,
+            system_prompt_len=4096,
+            task_len=1024,
+            output_len=512,
+            observation_len=4096,
         ),
         SchedulerConfig(),
     ),
     ("agent", Size.SMALL): Preset(
         "2 agents x 3 turns on a shared 512-token system prompt; each turn adds 24-96 "
         "output and 32-256 tool tokens",
-        lambda seed: agent(
-            AgentShape(
-                num_agents=2,
-                turns=3,
-                system_prompt_len=512,
-                task_len=128,
-                output_len=96,
-                observation_len=256,
-            ),
-            seed,
+        AgentShape(
+            num_agents=2,
+            turns=3,
+            system_prompt_len=512,
+            task_len=128,
+            output_len=96,
+            observation_len=256,
         ),
         SMALL_SCHEDULER,
     ),

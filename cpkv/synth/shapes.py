@@ -8,12 +8,17 @@ the same workload on every machine. Lengths drawn "with range ratio ``r``" are u
 from __future__ import annotations
 
 import random
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cpkv.synth.workload import Segment, Session, Turn, Workload, extend_turn
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+Count = Annotated[int, Field(ge=1)]
+"""A count or a length: a whole number, at least 1."""
+Ratio = Annotated[float, Field(ge=0.0, le=1.0)]
+"""A share, from 0 to 1."""
 
 
 def _lens(rng: random.Random, full: int, range_ratio: float, count: int) -> list[int]:
@@ -26,16 +31,18 @@ class GspShape(BaseModel):
 
     model_config = _FROZEN
 
-    num_groups: int = Field(default=64, ge=1)
+    num_groups: Count = 64
     """Groups (``--gsp-num-groups``), each with its own system prompt."""
-    prompts_per_group: int = Field(default=16, ge=1)
+    prompts_per_group: Count = 16
     """Prompts per group (``--gsp-prompts-per-group``)."""
-    system_prompt_len: int = Field(default=2048, ge=1)
+    system_prompt_len: Count = 2048
     """Tokens of each system prompt (``--gsp-system-prompt-len``)."""
-    question_len: int = Field(default=128, ge=1)
+    question_len: Count = 128
     """Tokens of each question (``--gsp-question-len``)."""
-    range_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    range_ratio: Ratio = 1.0
     """Lengths drawn in ``[full * ratio, full]`` (``--gsp-range-ratio``); 1 means fixed."""
+    max_concurrency: Count | None = None
+    """Sessions in flight; None: all at once (``--max-concurrency`` overrides it)."""
 
 
 def generated_shared_prefix(
@@ -53,7 +60,7 @@ def generated_shared_prefix(
         )
     ]
     rng.shuffle(sessions)
-    return Workload(name, tuple(sessions))
+    return Workload(name, tuple(sessions), shape.max_concurrency)
 
 
 class RandomShape(BaseModel):
@@ -61,11 +68,11 @@ class RandomShape(BaseModel):
 
     model_config = _FROZEN
 
-    num_prompts: int = Field(default=1000, ge=1)
+    num_prompts: Count = 1000
     """Prompts (``--num-prompts``)."""
-    input_len: int = Field(default=1024, ge=1)
+    input_len: Count = 1024
     """Longest prompt (``--random-input-len``)."""
-    range_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    range_ratio: Ratio = 0.0
     """Shortest prompt as a share of the longest (``--random-range-ratio``)."""
 
 
@@ -82,17 +89,17 @@ class LongDocShape(BaseModel):
 
     model_config = _FROZEN
 
-    num_docs: int = Field(ge=1)
+    num_docs: Count
     """Documents."""
-    doc_len_min: int = Field(ge=1)
+    doc_len_min: Count
     """Shortest document, in tokens."""
-    doc_len_max: int = Field(ge=1)
+    doc_len_max: Count
     """Longest document, in tokens."""
-    questions_per_doc: int = Field(ge=1)
+    questions_per_doc: Count
     """Questions per document: the first with the document, then follow-ups."""
-    question_len: int = Field(ge=1)
+    question_len: Count
     """Longest question; drawn with range ratio 0.125."""
-    max_concurrency: int = Field(ge=1)
+    max_concurrency: Count
     """Documents in flight at once."""
 
 
@@ -116,17 +123,17 @@ class AgentShape(BaseModel):
 
     model_config = _FROZEN
 
-    num_agents: int = Field(ge=1)
+    num_agents: Count
     """Agents, all in flight at once."""
-    turns: int = Field(ge=1)
+    turns: Count
     """Turns per agent."""
-    system_prompt_len: int = Field(ge=1)
+    system_prompt_len: Count
     """Tokens of the system prompt and tool definitions, shared by every agent."""
-    task_len: int = Field(ge=1)
+    task_len: Count
     """Longest task description; drawn with range ratio 0.5."""
-    output_len: int = Field(ge=1)
+    output_len: Count
     """Longest model output per turn; drawn with range ratio 0.25."""
-    observation_len: int = Field(ge=1)
+    observation_len: Count
     """Longest tool result per turn; drawn with range ratio 0.125."""
 
 
