@@ -70,8 +70,21 @@ def rank_runs() -> list[list[RankRun]]:
 def _pd_run(template: RankRun) -> RankRun:
     """A run with every PD record and a failed batch's records filled in (a PD run needs
     Mooncake, a failed batch another run: built by hand)."""
-    stats = WriteStats(3, 0.5, 0.25, 0.125, 4096, [(1.0, 1.5), (2.0, 2.25)], [1024, 3072], 0.75)
-    sent = SendResult("a", 1, True, 2, 4096, True, ("attempt 0: timed out",), (0, -1))
+    stats = WriteStats(
+        calls=3,
+        descriptors=5,
+        seconds=0.5,
+        exposed_seconds=0.25,
+        drain_seconds=0.125,
+        bytes=4096,
+        spans=[(1.0, 1.5), (2.0, 2.25)],
+        flush_bytes=[1024, 3072],
+        loop_seconds=0.75,
+    )
+    sent = dataclasses.replace(
+        SendResult("a", 1, True, 2, 4096, True, ("attempt 0: timed out",), (0, -1)),
+        bytes_by_dest=(4096, 0),
+    )
     concurrent = ConcurrentWrite(4096, ((1.0, 2.0), (3.0, 4.5)))
     return dataclasses.replace(
         template,
@@ -148,7 +161,8 @@ def test_every_result_type_round_trips_byte_for_byte(rank_runs: list[list[RankRu
 
 
 def test_the_call_progress_and_errors_round_trip() -> None:
-    target = PdTarget(("10.0.0.7", 7001), bytes(range(16)), "j/", 2, PdFaults(("a", 1)))
+    addresses = (("10.0.0.7", 7001), ("10.0.0.8", 7002))
+    target = PdTarget(addresses, bytes(range(16)), "j/", 2, PdFaults(("a", 1)))
     deploy = make_deploy(3, 16).model_copy(update={"materialize": MaterializeMode.PEER_READ})
     job = _job(
         deploy=deploy,
