@@ -132,6 +132,22 @@ def test_console_width_is_columns_or_120_when_not_a_terminal(
     assert AppConsole(file=io.StringIO()).width == 90
 
 
+def test_console_width_follows_columns_set_after_the_console_was_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # NOTE: the CLI's consoles are made at import; whichever COLUMNS held then must not stick
+    # (under pytest-xdist an 80-column test imported cpkv first and later tables wrapped).
+    monkeypatch.setenv("COLUMNS", "80")
+    made_at_80 = AppConsole(file=io.StringIO())
+    monkeypatch.setenv("COLUMNS", "100")
+    assert made_at_80.width == made_at_80.size.width == 100
+    monkeypatch.delenv("COLUMNS")
+    assert made_at_80.width == NO_TERMINAL_WIDTH
+    assert AppConsole(file=io.StringIO(), width=70).width == 70
+    made_at_80.width = 60
+    assert made_at_80.size.width == 60
+
+
 def test_explain_batch_shows_every_reason_in_full_and_as_json() -> None:
     args = ["explain", str(DATA / "mixed.jsonl"), *MIXED]
     text = "\n".join(_stdout([*args, "--batch", "1"], 100))

@@ -20,13 +20,25 @@ NO_TERMINAL_WIDTH = 120
 
 class AppConsole(Console):
     """A rich console that lays out at ``$COLUMNS`` or :data:`NO_TERMINAL_WIDTH` columns when
-    it does not write to a terminal (a pipe, a file, CI), instead of rich's 80."""
+    it does not write to a terminal (a pipe, a file, CI), instead of rich's 80.
+
+    ``$COLUMNS`` is read at each print: rich reads it once, when the console is made, and
+    this module's consoles are made at import, so a later ``COLUMNS=100 cpkv ...`` in the same
+    process (a test's runner, an embedding tool) would lay out at whatever it was then.
+    """
+
+    def __init__(self, *, width: int | None = None, **kwargs: Any) -> None:
+        super().__init__(width=width, **kwargs)
+        self._chosen_width = width
+        """The width the caller fixed (argument or setter); None: ``$COLUMNS`` decides."""
 
     @property
     def size(self) -> ConsoleDimensions:
         size = super().size
-        if self.is_terminal or self._width is not None:
+        if self.is_terminal:
             return size
+        if self._chosen_width is not None:
+            return ConsoleDimensions(self._chosen_width, size.height)
         columns = os.environ.get("COLUMNS", "")
         width = int(columns) if columns.isdigit() and int(columns) > 0 else NO_TERMINAL_WIDTH
         return ConsoleDimensions(width, size.height)
@@ -34,6 +46,15 @@ class AppConsole(Console):
     @size.setter
     def size(self, new_size: tuple[int, int]) -> None:
         self._width, self._height = new_size
+        self._chosen_width = new_size[0]
+
+    @property
+    def width(self) -> int:
+        return self.size.width
+
+    @width.setter
+    def width(self, width: int) -> None:
+        self._width = self._chosen_width = width
 
 
 out = AppConsole(soft_wrap=True)
