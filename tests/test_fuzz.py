@@ -30,8 +30,10 @@ def test_bounded_fuzz_run_finds_no_failure() -> None:
         "forward-batch",
         "enable-disable",
     }
-    # NOTE: an enable/disable case runs the CLI on a fresh file (~10 ms): fewer fit.
-    least = {name: 20 if name == "enable-disable" else 50 for name in doc["targets"]}
+    # NOTE: an enable/disable case runs the CLI on a fresh file (~10 ms): fewer fit. The floors
+    # show every target ran cases, with room for a loaded machine (45 trace cases were seen
+    # beside another test worker; 100+ on an idle core).
+    least = {name: 10 if name == "enable-disable" else 20 for name in doc["targets"]}
     assert all(t["cases"] >= least[n] for n, t in doc["targets"].items()), doc["targets"]
 
 
