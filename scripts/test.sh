@@ -7,4 +7,6 @@ export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff"; ruff check cpkv_core phases flags cpkv tests
 echo "== mypy"; mypy
 echo "== import layers"; lint-imports
-echo "== pytest"; pytest --durations=15 "$@"
+# NOTE: two workers, one a core: most tests are one Python thread, so the suite runs in a
+# little over half the wall time (CPKV_TEST_WORKERS=0 runs it in this process, for -x or pdb).
+echo "== pytest"; pytest -n "${CPKV_TEST_WORKERS:-2}" --durations=15 "$@"
