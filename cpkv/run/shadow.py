@@ -154,8 +154,10 @@ class ShadowSummary:
         )
         tail = f"; {self.wrong_outputs_delivered} wrong outputs delivered"
         if self.fault is not None:
+            # NOTE: "by the shadow": a fault the shadow misses may still be caught when its batch
+            # fails (the failures line says so), and the two lines must not read as a contradiction.
             caught = "CAUGHT" if self.fault_caught else "NOT caught"
-            tail += f"; injected fault {self.fault}: {caught}"
+            tail += f"; injected fault {self.fault}: {caught} by the shadow"
         return head + kills + tail
 
 
