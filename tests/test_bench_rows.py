@@ -208,12 +208,13 @@ def test_timed_rounds_count_the_page_faults_they_take() -> None:
     cpu = torch.device("cpu")
     ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
     warm = bench_rows_measure.MAX_WARMUPS
-    calls, run = _touching(set(range(warm + 2)))
+    # NOTE: one faulting timed call: at least two rounds are asked for (repeats 2), so it is
+    # set aside whatever the load makes of the rounds' count.
+    calls, run = _touching(set(range(warm + 1)))
     faulting = bench_rows_measure.time_op(run, 16 << 20, ceiling, 2, cpu)
-    assert faulting.page_faults >= 2 * (4 << 20) // bench_rows_measure.PAGE_BYTES
-    # the two timed calls that faulted are set aside and run again
-    assert faulting.faulted_rounds == 2
-    assert len(calls) == warm + faulting.rounds + 2
+    assert faulting.page_faults >= (4 << 20) // bench_rows_measure.PAGE_BYTES
+    assert faulting.faulted_rounds == 1
+    assert len(calls) == warm + faulting.rounds + 1
     _, settled = _touching(set())
     clean = bench_rows_measure.time_op(settled, 16 << 20, ceiling, 2, cpu)
     assert clean.page_faults < 64 and clean.faulted_rounds == 0
