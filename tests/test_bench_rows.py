@@ -208,12 +208,28 @@ def test_timed_rounds_count_the_page_faults_they_take() -> None:
     cpu = torch.device("cpu")
     ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
     warm = bench_rows_measure.MAX_WARMUPS
-    calls, run = _touching(set(range(warm + 2)))
+    # NOTE: one faulting timed call: at least two rounds are asked for (repeats 2), so it is
+    # set aside whatever the load makes of the rounds' count.
+    calls, run = _touching(set(range(warm + 1)))
     faulting = bench_rows_measure.time_op(run, 16 << 20, ceiling, 2, cpu)
-    assert len(calls) == warm + faulting.rounds
-    assert faulting.page_faults >= 2 * (4 << 20) // bench_rows_measure.PAGE_BYTES
+    assert faulting.page_faults >= (4 << 20) // bench_rows_measure.PAGE_BYTES
+    assert faulting.faulted_rounds == 1
+    assert len(calls) == warm + faulting.rounds + 1
     _, settled = _touching(set())
-    assert bench_rows_measure.time_op(settled, 16 << 20, ceiling, 2, cpu).page_faults < 64
+    clean = bench_rows_measure.time_op(settled, 16 << 20, ceiling, 2, cpu)
+    assert clean.page_faults < 64 and clean.faulted_rounds == 0
+
+
+def test_an_op_that_faults_every_call_is_timed_on_every_round() -> None:
+    """Set-aside rounds are bounded: when the op faults in every call, as many extra rounds
+    as asked for are run, and then every round counts (its faults are the figure)."""
+    cpu = torch.device("cpu")
+    ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
+    calls, run = _touching(set(range(1000)))
+    timing = bench_rows_measure.time_op(run, 16 << 20, ceiling, 2, cpu)
+    assert timing.faulted_rounds == 0
+    assert len(calls) == bench_rows_measure.MAX_WARMUPS + timing.rounds
+    assert timing.page_faults >= timing.rounds * (4 << 20) // bench_rows_measure.PAGE_BYTES
 
 
 def test_one_thread_rounds_are_timed_on_its_cpu_time() -> None:

@@ -36,8 +36,11 @@ class Timing:
     wall_seconds: float
     copy_wall_seconds: float
     page_faults: int
-    """Minor page faults the op's timed calls took, all rounds together (0: it ran on
-    memory the allocator held, as on a device)."""
+    """Minor page faults the op's timed calls took, all rounds together, set-aside rounds
+    included (0: it ran on memory the allocator held, as on a device)."""
+    faulted_rounds: int = 0
+    """Rounds set aside because the op faulted fresh memory in (the CPU allocator's
+    placement); 0 when there were too many to set aside and every round counts."""
 
 
 @dataclass(frozen=True, slots=True)
