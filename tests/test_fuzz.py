@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 import cpkv.commands.flags as flag_commands
 import cpkv.run.fuzz as fuzz_mod
 from cpkv.cli import app
-from cpkv.run.fuzz import run_fuzz
+from cpkv.run.fuzz import MIN_CASES, run_fuzz
 from flags import ConfigChange, FlagError
 from flags.sglang_batch import batch_from_forward_batch
 
@@ -30,11 +30,15 @@ def test_bounded_fuzz_run_finds_no_failure() -> None:
         "forward-batch",
         "enable-disable",
     }
-    # NOTE: an enable/disable case runs the CLI on a fresh file (~10 ms): fewer fit. The floors
-    # show every target ran cases, with room for a loaded machine (45 trace cases were seen
-    # beside another test worker; 100+ on an idle core).
-    least = {name: 10 if name == "enable-disable" else 20 for name in doc["targets"]}
+    # NOTE: every target runs MIN_CASES at least, whatever the load (a worker beside another
+    # once spent the trace target's share before its first case).
+    least = dict.fromkeys(doc["targets"], MIN_CASES)
     assert all(t["cases"] >= least[n] for n, t in doc["targets"].items()), doc["targets"]
+
+
+def test_a_spent_share_still_runs_the_minimum_of_cases() -> None:
+    report = run_fuzz(app, 0.0, seed=1, only={"trace"}).to_json()
+    assert report["ok"] and report["targets"]["trace"]["cases"] == MIN_CASES
 
 
 def test_fuzz_command_reports_a_crash_as_a_failure(monkeypatch: pytest.MonkeyPatch) -> None:

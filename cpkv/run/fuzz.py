@@ -41,6 +41,9 @@ from phases import PhaseId
 
 MAX_FAILURES = 20
 """Failures kept per target (the count goes on)."""
+MIN_CASES = 10
+"""Cases every target runs, even past its share of the time: a loaded machine can spend a
+short share on hypothesis's start alone, and a target that ran nothing proves nothing."""
 
 
 @dataclass(slots=True)
@@ -172,7 +175,7 @@ def _case(
     result: TargetResult, call: Callable[[Any], object], deadline: list[float]
 ) -> Callable[[Any], None]:
     def case(value: Any) -> None:
-        if time.perf_counter() >= deadline[0]:
+        if result.cases >= MIN_CASES and time.perf_counter() >= deadline[0]:
             return  # NOTE: the share is spent: hypothesis's remaining examples cost nothing
         result.cases += 1
         try:
@@ -193,8 +196,9 @@ def run_fuzz(
     seed: int | None = None,
     only: Collection[str] | None = None,
 ) -> FuzzReport:
-    """Fuzzes every target (or those named in ``only``) for an equal share of ``seconds``;
-    the ``enable-disable`` target runs ``app``'s ``enable`` and ``disable``.
+    """Fuzzes every target (or those named in ``only``) for an equal share of ``seconds``,
+    and for ``MIN_CASES`` cases at least; the ``enable-disable`` target runs ``app``'s
+    ``enable`` and ``disable``.
 
     Raises:
         ModuleNotFoundError: hypothesis is not installed (the ``dev`` extra).
@@ -220,6 +224,9 @@ def run_fuzz(
         )(given_case)
         if seed is not None:
             test = hseed(seed)(test)
-        while time.perf_counter() < deadline[0]:
+        while time.perf_counter() < deadline[0] or result.cases < MIN_CASES:
+            before = result.cases
             test()
+            if result.cases == before:
+                break  # NOTE: hypothesis drew no example at all: nothing more will come
     return FuzzReport(results, time.perf_counter() - start)
