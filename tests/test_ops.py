@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from cpkv_core.config import IndexKDtype, model_preset
 from cpkv_core.runtime.model import NO_KEY, init_weights, project, select_topk
-from cpkv_core.runtime.ops import linear, rms_norm
+from cpkv_core.runtime.ops import linear, ordered_dot, ordered_sum, rms_norm
 
 TINY = model_preset("tiny")
 WEIGHTS = init_weights(TINY)
@@ -58,3 +58,33 @@ def test_topk_pads_with_no_key_when_few_keys_are_visible() -> None:
     scores = torch.arange(6, dtype=torch.float64)[None, :].repeat(2, 1)
     chosen = select_topk(scores, torch.tensor([1, 5]), topk=4)
     assert chosen.tolist() == [[0, 1, NO_KEY, NO_KEY], [2, 3, 4, 5]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 5),
+    k=st.integers(1, 6),
+    m=st.integers(1, 5),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.int32, torch.int64]),
+)
+def test_reductions_on_meta_give_the_shapes_and_dtypes_the_cpu_gives(
+    n: int, k: int, m: int, dtype: torch.dtype
+) -> None:
+    """On ``meta`` the fixed-order loops collapse to one op (a dry run has no values to
+    order): every result has the shape and dtype the real loop gives."""
+    x, w = torch.ones(n, k, dtype=dtype), torch.ones(k, m, dtype=dtype)
+    a, b = torch.ones(n, 1, k, dtype=dtype), torch.ones(m, k, dtype=dtype)  # broadcast
+    cases = [
+        (linear, (x, w)),
+        (lambda t: ordered_sum(t, 0), (x,)),
+        (lambda t: ordered_sum(t, -1), (x,)),
+        (ordered_dot, (a, b)),
+    ]
+    for op, args in cases:
+        on_cpu = op(*args)
+        on_meta = op(*(t.to("meta") for t in args))
+        assert (on_meta.device.type, on_meta.shape, on_meta.dtype) == (
+            "meta",
+            on_cpu.shape,
+            on_cpu.dtype,
+        )

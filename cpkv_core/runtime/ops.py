@@ -22,6 +22,16 @@ FP8_E4M3_MAX = 448.0
 """Largest finite float8_e4m3fn value."""
 
 
+def _shapes_only(*tensors: Tensor) -> bool:
+    """Every tensor is on ``meta`` (a dry run): it has no values, so a summation order means
+    nothing, and the one-op form of a reduction gives the same shape and dtype.
+
+    NOTE: meta kernels run as Python references (~0.2 ms an op): the unrolled loops cost
+    ``k`` ops a call, so a dry run at a model's real widths (k = 7,168) would take hours.
+    """
+    return all(t.device.type == "meta" for t in tensors)
+
+
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """``x @ weight`` accumulated over the input dimension in a fixed order.
 
@@ -32,6 +42,8 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     Returns:
         ``[n, m]``, bitwise independent of ``n``.
     """
+    if _shapes_only(x, weight) and x.dtype == weight.dtype:
+        return x @ weight
     out = x[:, 0, None] * weight[0]
     for i in range(1, weight.shape[0]):
         out = out + x[:, i, None] * weight[i]
@@ -40,6 +52,8 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 def ordered_sum(x: Tensor, dim: int) -> Tensor:
     """Sum over ``dim`` slice by slice, first to last; removes ``dim``."""
+    if _shapes_only(x):
+        return x.sum(dim, dtype=x.dtype)
     out = x.select(dim, 0)
     for i in range(1, x.shape[dim]):
         out = out + x.select(dim, i)
@@ -103,6 +117,8 @@ def ordered_dot(a: Tensor, b: Tensor) -> Tensor:
     Products of fp32 values are exact in fp64; the fixed order makes the sum reproducible.
     """
     a64, b64 = a.double(), b.double()
+    if _shapes_only(a, b):
+        return (a64 * b64).sum(-1)
     out = a64[..., 0] * b64[..., 0]
     for i in range(1, a.shape[-1]):
         out = out + a64[..., i] * b64[..., i]
