@@ -182,32 +182,8 @@ def _valid_plans() -> list[ExecutionPlan]:
     return plans
 
 
-def _pairwise_plans() -> list[ExecutionPlan]:
-    """Valid plans in which every pair of strategies that meet in one valid plan (split and
-    write, write and read, read and output, ...) meets at least once: each strategy's code
-    runs beside every strategy it shares a step with.
-
-    NOTE: the four axes are separate functions of the engine, each keyed on its own
-    strategy; an op that reads a value sits in one of them, so pairs cover what the full
-    product (42 plans on meta, ~3 s each) would, with half the plans.
-    """
-
-    def pairs(plan: ExecutionPlan) -> set[tuple[object, object]]:
-        axes = (plan.split, plan.kv_write, plan.kv_read, plan.output)
-        return set(itertools.combinations(axes, 2))
-
-    plans = _valid_plans()
-    missing = set().union(*map(pairs, plans))
-    chosen = []
-    while missing:
-        best = max(plans, key=lambda plan: len(pairs(plan) & missing))
-        chosen.append(best)
-        missing -= pairs(best)
-    return chosen
-
-
 @pytest.mark.parametrize(
-    "plan", _pairwise_plans(), ids=lambda p: f"{p.split}/{p.kv_write}/{p.kv_read}/{p.output}"
+    "plan", _valid_plans(), ids=lambda p: f"{p.split}/{p.kv_write}/{p.kv_read}/{p.output}"
 )
 def test_run_batch_runs_every_strategy_on_meta_with_no_host_value(plan: ExecutionPlan) -> None:
     """The engine's own host plan, one copy to ``meta``, then the whole step on shapes: no
