@@ -16,7 +16,8 @@ depend on which other queries or keys share the call, or on where keys sit in me
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -64,7 +65,30 @@ class ModelWeights:
 
 
 def init_weights(cfg: ModelConfig, device: torch.device | str = "cpu") -> ModelWeights:
-    """Deterministic weights from ``cfg.seed``: the same on every rank and every run."""
+    """Deterministic weights from ``cfg.seed``: the same on every rank and every run.
+
+    Drawn once a process per config on the host (~50 ms for the tiny model: every engine
+    of every rank and level asks for them) and copied to ``device``; on the CPU every
+    caller shares the same tensors, which nothing writes to.
+    """
+    host = _host_weights(cfg)
+    if torch.device(device).type == "cpu":
+        return host
+    return ModelWeights(
+        token_embedding=host.token_embedding.to(device),
+        position_embedding=host.position_embedding.to(device),
+        layers=tuple(
+            LayerWeights(**{f.name: getattr(layer, f.name).to(device) for f in fields(layer)})
+            for layer in host.layers
+        ),
+        final_norm=host.final_norm.to(device),
+        w_head=host.w_head.to(device),
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _host_weights(cfg: ModelConfig) -> ModelWeights:
+    device = "cpu"
     gen = torch.Generator().manual_seed(cfg.seed)
 
     def normal(rows: int, cols: int, std: float) -> Tensor:
