@@ -9,4 +9,7 @@ echo "== mypy"; mypy
 echo "== import layers"; lint-imports
 # NOTE: two workers, one a core: most tests are one Python thread, so the suite runs in a
 # little over half the wall time (CPKV_TEST_WORKERS=0 runs it in this process, for -x or pdb).
+# One torch thread a process: the tiny model's ops gain nothing from a second, and workers and
+# their rank processes each spinning two threads on two cores ran the engine tests 18% slower.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 echo "== pytest"; pytest -n "${CPKV_TEST_WORKERS:-2}" --durations=15 "$@"

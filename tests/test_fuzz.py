@@ -19,7 +19,7 @@ runner = CliRunner()
 
 
 def test_bounded_fuzz_run_finds_no_failure() -> None:
-    report = run_fuzz(app, 5.0, seed=1)
+    report = run_fuzz(app, 3.0, seed=1)
     doc = report.to_json()
     assert doc["ok"], doc["targets"]
     assert set(doc["targets"]) == {

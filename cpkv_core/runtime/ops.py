@@ -27,7 +27,7 @@ def _shapes_only(*tensors: Tensor) -> bool:
     nothing, and the one-op form of a reduction gives the same shape and dtype.
 
     NOTE: meta kernels run as Python references (~0.2 ms an op): the unrolled loops cost
-    ``k`` ops a call, so a dry run at a model's real widths (k = 7,168) would take hours.
+    ``3 k`` ops a call, about 4 s a projection at a model's real width (k = 7,168).
     """
     return all(t.device.type == "meta" for t in tensors)
 
