@@ -19,10 +19,10 @@ from flags.model import (
     FlagSpec,
     debug_benchmark_warning,
 )
-from flags.sglang_args import SglangImport, from_sglang, read_sglang
-from flags.sglang_batch import batch_from_forward_batch
-from flags.sglang_parser import SglangArgError
-from flags.sglang_table import SGLANG_VERSION
+from flags.sglang.args import SglangImport, from_sglang, read_sglang
+from flags.sglang.batch import batch_from_forward_batch
+from flags.sglang.parser import SglangArgError
+from flags.sglang.table import SGLANG_VERSION
 from flags.sources import (
     CONFIG_ENV,
     DEFAULT_CONFIG,

@@ -42,7 +42,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 
 # NOTE: tests/test_sglang_table.py reads SGLang's flag declarations out of this wheel (ast, no
-# import: its runtime needs CUDA) and fails when flags/data/sglang-$SGLANG_VERSION.json drifts
+# import: its runtime needs CUDA) and fails when flags/sglang/data/sglang-$SGLANG_VERSION.json drifts
 # from them. The wheel is cp311 manylinux x86_64 whatever this machine is: it is only read.
 if ! compgen -G ".whl/sglang-$SGLANG_VERSION-*.whl" >/dev/null; then
     echo "setup: downloading the sglang==$SGLANG_VERSION wheel into .whl/ (read as data)"

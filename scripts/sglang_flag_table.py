@@ -6,7 +6,7 @@ argparse options by ``arg_utils.add_cli_args_from_dataclass``; a few more are ad
 ``ServerArgs.add_cli_args`` (``sglang/srt/server_args.py``). Its runtime does not import on a
 CPU machine, so this script reads those files with ``ast`` and applies the same rules:
 
-    python scripts/sglang_flag_table.py                 # write flags/data/sglang-0.5.23.json
+    python scripts/sglang_flag_table.py                 # write flags/sglang/data/sglang-0.5.23.json
     python scripts/sglang_flag_table.py --check         # exit 1 when the file drifted
 
 ``tests/test_sglang_table.py`` runs :func:`read_wheel_table` on the wheel that

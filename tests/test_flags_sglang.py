@@ -7,7 +7,7 @@ import pytest
 
 from cpkv_core.config import CpMode, DisaggregationMode, TransferBackend
 from flags import FlagError, FlagSet, SglangArgError, from_sglang, read_sglang
-from flags.sglang_seed import CPKV_ONLY, SEED_NAMES
+from flags.sglang.seed import CPKV_ONLY, SEED_NAMES
 from phases import PhaseId
 
 LAUNCH = "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3.2 --tp 8"

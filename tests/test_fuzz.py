@@ -13,7 +13,7 @@ import cpkv.run.fuzz as fuzz_mod
 from cpkv.cli import app
 from cpkv.run.fuzz import MIN_CASES, run_fuzz
 from flags import ConfigChange, FlagError
-from flags.sglang_batch import batch_from_forward_batch
+from flags.sglang.batch import batch_from_forward_batch
 
 runner = CliRunner()
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from flags import read_sglang
-from flags.sglang_kv_shard import (
+from flags.sglang.kv_shard import (
     ATTENTION_BACKEND,
     DSA_CP,
     DSA_KERNELS,
@@ -21,7 +21,7 @@ from flags.sglang_kv_shard import (
     PD_PREFILL_ONLY,
     TRANSFER_BACKEND,
 )
-from flags.sglang_rules import RULES, SglangRule
+from flags.sglang.rules import RULES, SglangRule
 
 CORPUS: dict[str, dict[str, Any]] = {
     row["id"]: row

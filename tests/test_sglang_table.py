@@ -11,8 +11,8 @@ from types import ModuleType
 
 import pytest
 
-from flags.sglang_seed import CPKV_ONLY, SEED_NAMES
-from flags.sglang_table import TABLE_PATH, OptionKind, option_by_dest, sglang_options
+from flags.sglang.seed import CPKV_ONLY, SEED_NAMES
+from flags.sglang.table import TABLE_PATH, OptionKind, option_by_dest, sglang_options
 
 ROOT = Path(__file__).resolve().parent.parent
 

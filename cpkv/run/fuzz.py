@@ -34,8 +34,8 @@ from cpkv.run.fuzz_inputs import (
 from cpkv_core.traces import TraceError, parse_trace_text
 from flags import check_flags, resolve_flags
 from flags.model import PHASE_FIELDS
-from flags.sglang_args import read_sglang
-from flags.sglang_batch import batch_from_forward_batch
+from flags.sglang.args import read_sglang
+from flags.sglang.batch import batch_from_forward_batch
 from flags.sources import parse_config_text
 from phases import PhaseId
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from flags.model import FLAG_SPECS, TOML_KEYS
-from flags.sglang_args import FLAG_OPTIONS
-from flags.sglang_seed import SEED_NAMES
+from flags.sglang.args import FLAG_OPTIONS
+from flags.sglang.seed import SEED_NAMES
 
 
 def values(st: Any) -> Any:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from flags.checks import Problem, ProblemCode
-from flags.sglang_kv_shard import check_kv_cache_sharding
-from flags.sglang_models import SglangModel
-from flags.sglang_parser import ParsedArgs
-from flags.sglang_rules import (
+from flags.sglang.kv_shard import check_kv_cache_sharding
+from flags.sglang.models import SglangModel
+from flags.sglang.parser import ParsedArgs
+from flags.sglang.rules import (
     DEEPSEEK_OVERRIDES,
     OVERRIDE_BASE,
     OVERRIDES,

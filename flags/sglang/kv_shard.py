@@ -8,7 +8,7 @@ reports them all. The chunk-size rounding it declares is resolved here too.
 from __future__ import annotations
 
 from flags.checks import ProblemCode, Value
-from flags.sglang_rules import KV_SHARD_HOOK, Resolving, SglangRule
+from flags.sglang.rules import KV_SHARD_HOOK, Resolving, SglangRule
 
 C = ProblemCode
 PD_PREFILL_ONLY = SglangRule(

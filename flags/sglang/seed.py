@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flags.model import PHASE_FLAGS, FlagError
-from flags.sglang_table import SGLANG_VERSION
+from flags.sglang.table import SGLANG_VERSION
 from phases.ids import PhaseId
 
 CP_MODE_STRATEGIES = {"in-seq-split": "zigzag", "round-robin-split": "interleave"}

@@ -3,10 +3,10 @@
 A launch command (``[NAME=value ...] python -m sglang.launch_server ARGS`` or ``sglang serve
 ARGS``) goes through four steps, each its own module:
 
-1. seed-series and cpkv-only names are translated, with a warning (:mod:`flags.sglang_seed`);
-2. SGLang 0.5.23's argparse reads the rest (:mod:`flags.sglang_parser`);
+1. seed-series and cpkv-only names are translated, with a warning (:mod:`flags.sglang.seed`);
+2. SGLang 0.5.23's argparse reads the rest (:mod:`flags.sglang.parser`);
 3. SGLang's resolution rules resolve CP, attention DP, page size, PD and KV sharding, and
-   report the rules the command breaks (:mod:`flags.sglang_resolve`);
+   report the rules the command breaks (:mod:`flags.sglang.resolve`);
 4. the resolved values become cpkv's flags, with ``sglang:...`` provenance (here).
 """
 
@@ -23,12 +23,12 @@ from pydantic import TypeAdapter, ValidationError
 from cpkv_core.config import MODEL_PRESETS, CpMode
 from flags.checks import Problem
 from flags.model import FLAG_SPECS, FlagError, FlagSet, field_type
-from flags.sglang_models import sglang_model
-from flags.sglang_parser import parse_sglang_argv
-from flags.sglang_resolve import SglangResolution, resolve_sglang
-from flags.sglang_rules import ARG_GROUPS
-from flags.sglang_seed import translate_seed
-from flags.sglang_table import SGLANG, SGLANG_VERSION, option_name
+from flags.sglang.models import sglang_model
+from flags.sglang.parser import parse_sglang_argv
+from flags.sglang.resolve import SglangResolution, resolve_sglang
+from flags.sglang.rules import ARG_GROUPS
+from flags.sglang.seed import translate_seed
+from flags.sglang.table import SGLANG, SGLANG_VERSION, option_name
 from flags.sources import Layer, ResolvedFlags, cli_layer, merge_layers
 
 CP_STRATEGIES = {"zigzag": CpMode.IN_SEQ_SPLIT, "interleave": CpMode.ROUND_ROBIN_SPLIT}
@@ -151,7 +151,7 @@ def read_sglang(args: str, preset: str | None = None) -> SglangImport:
 
     Raises:
         FlagError: the command does not split, names another program, SGLang's parser
-            refuses it (:class:`flags.sglang_parser.SglangArgError`, naming the closest
+            refuses it (:class:`flags.sglang.parser.SglangArgError`, naming the closest
             option), or a seed-series name is malformed.
     """
     if preset is not None and preset not in MODEL_PRESETS:

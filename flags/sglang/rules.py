@@ -2,7 +2,7 @@
 
 Each :class:`SglangRule` is one ``raise``/``assert`` of SGLang's argument resolution, with its
 text and the file in the wheel that holds it; :class:`Resolving` carries the values a launch
-command resolves to while the rules run (:mod:`flags.sglang_resolve`).
+command resolves to while the rules run (:mod:`flags.sglang.resolve`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flags.checks import Problem, ProblemCode, Value
-from flags.sglang_models import SglangModel
-from flags.sglang_parser import ParsedArgs
-from flags.sglang_table import SGLANG
+from flags.sglang.models import SglangModel
+from flags.sglang.parser import ParsedArgs
+from flags.sglang.table import SGLANG
 
 ARG_GROUPS = "sglang/srt/arg_groups/"
 PARALLEL_HOOK = ARG_GROUPS + "parallel_hook.py"
@@ -161,7 +161,7 @@ RULES: dict[str, SglangRule] = {
     ),
 }
 """The rules of SGLang's parallel, model and PD resolution, by name; KV sharding's are in
-:mod:`flags.sglang_kv_shard`."""
+:mod:`flags.sglang.kv_shard`."""
 
 
 class Resolving:

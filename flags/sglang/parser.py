@@ -1,7 +1,7 @@
 """SGLang 0.5.23's argument parsing of a launch command: :func:`parse_sglang_argv`.
 
 The parser is Python's own ``argparse``, built from SGLang's option table
-(:mod:`flags.sglang_table`) the way ``ServerArgs.add_cli_args`` builds it
+(:mod:`flags.sglang.table`) the way ``ServerArgs.add_cli_args`` builds it
 (``sglang/srt/server_args.py``), so unique prefixes (``--cp-strat``), aliases
 (``--attention-context-parallel-size``), ``=`` forms, ``nargs``, choices and the required
 ``--model-path`` behave as they do in ``sglang serve``. What SGLang's argparse refuses (it
@@ -21,7 +21,7 @@ from functools import cache
 from typing import Any, NoReturn
 
 from flags.model import FlagError
-from flags.sglang_table import OptionKind, SglangOption, sglang_options
+from flags.sglang.table import OptionKind, SglangOption, sglang_options
 
 PROG = "sglang serve"
 """The program name SGLang's parser reports errors under."""

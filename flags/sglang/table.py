@@ -1,6 +1,6 @@
 """SGLang 0.5.23's command-line options, as data: :func:`sglang_options`.
 
-The table (``flags/data/sglang-0.5.23.json``) is generated from the pinned wheel by
+The table (``flags/sglang/data/sglang-0.5.23.json``) is generated from the pinned wheel by
 ``scripts/sglang_flag_table.py``, which reads SGLang's argument declarations with ``ast``
 (``sglang/srt/arg_groups/fields/*.py`` through the rules of ``arg_groups/arg_utils.py``, and
 ``ServerArgs.add_cli_args`` in ``sglang/srt/server_args.py``); ``tests/test_sglang_table.py``
