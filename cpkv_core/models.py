@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class WeightDtype(StrEnum):
@@ -65,9 +65,12 @@ class WeightSpec(BaseModel):
 
 
 class ModelConfig(BaseModel):
-    """Dimensions of a sparse-attention MLA model (MLA latent KV plus an NSA/DSA indexer).
+    """Dimensions of an MLA model: its latent KV and, for a sparse-attention (NSA/DSA)
+    model, the indexer.
 
-    Only the dimensions that decide KV layout and the test vehicle's math are kept.
+    Only the dimensions that decide KV layout and the test vehicle's math are kept. A model
+    without an indexer (DeepSeek-V3, Kimi-K2) has all three ``index_*`` fields 0; it can be
+    planned but not run by the test vehicle, which needs the indexer.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,12 +87,12 @@ class ModelConfig(BaseModel):
     """Width of the MLA compressed latent KV per token, in elements."""
     qk_rope_head_dim: int = Field(ge=0)
     """Width of the decoupled rotary key part stored beside the latent, in elements."""
-    index_n_heads: int = Field(ge=1)
-    """Indexer query heads."""
-    index_head_dim: int = Field(ge=1)
-    """Width of the indexer key per token, in elements."""
-    index_topk: int = Field(ge=1)
-    """Keys the indexer selects for every query."""
+    index_n_heads: int = Field(ge=0)
+    """Indexer query heads; 0 means no indexer."""
+    index_head_dim: int = Field(ge=0)
+    """Width of the indexer key per token, in elements; 0 means no indexer."""
+    index_topk: int = Field(ge=0)
+    """Keys the indexer selects for every query; 0 means no indexer."""
     vocab_size: int = Field(ge=2)
     """Vocabulary size (embedding rows and head columns)."""
     seed: int = 0
@@ -98,6 +101,21 @@ class ModelConfig(BaseModel):
     """Longest sequence the model takes (``max_position_embeddings``), in tokens."""
     weights: WeightSpec | None = None
     """Parameter counts and dtype of the checkpoint, for capacity planning; None if unknown."""
+
+    @model_validator(mode="after")
+    def _indexer_whole(self) -> ModelConfig:
+        sizes = (self.index_n_heads, self.index_head_dim, self.index_topk)
+        if any(sizes) and not all(sizes):
+            raise ValueError(
+                "index_n_heads, index_head_dim and index_topk are all 0 (no indexer) or all "
+                f"positive, got {sizes}"
+            )
+        return self
+
+    @property
+    def has_indexer(self) -> bool:
+        """A DSA model: the indexer picks each query's top-k keys."""
+        return self.index_topk > 0
 
     @property
     def kv_dim(self) -> int:

@@ -58,7 +58,13 @@ class ProblemCode(StrEnum):
     SGLANG_MOE_DP = "SGLANG_MOE_DP"
     """``--moe-dp-size`` does not fit the TP, EP or CP sizes."""
     SGLANG_DCP = "SGLANG_DCP"
-    """Decode context parallelism (``--dcp-size``) below 1 or with prefill CP."""
+    """Decode context parallelism (``--dcp-size``) below 1, with prefill CP, with its
+    options but no DCP, or, for a DSA model, with PD, HiCache or EAGLE top-k above 1."""
+    SGLANG_CACHE = "SGLANG_CACHE"
+    """Radix-cache options SGLang refuses together (HiCache without the radix cache)."""
+    SGLANG_ATTENTION_BACKEND = "SGLANG_ATTENTION_BACKEND"
+    """An attention backend this platform does not run (TRT-LLM or CuteDSL MLA below
+    Blackwell)."""
     SGLANG_PD_TRANSFER_BACKEND = "SGLANG_PD_TRANSFER_BACKEND"
     """The PD transfer backend cannot serve this PD role."""
     SGLANG_DSA_KV_CACHE_DTYPE = "SGLANG_DSA_KV_CACHE_DTYPE"

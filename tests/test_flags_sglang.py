@@ -164,10 +164,10 @@ def test_deprecated_dp_attention_warns_like_sglang_and_counts_attention_dp() -> 
 
 
 def test_a_command_without_cp_keeps_cpkv_s_cp_defaults() -> None:
-    flags, ignored = from_sglang(LAUNCH + " --mem-fraction-static 0.8")
+    flags, ignored = from_sglang(LAUNCH + " --mem-fraction-static 0.8 --host 0.0.0.0")
     assert flags.deployment().cp_size == 1 and flags.page_size == 64
     assert flags.model_dump(exclude={"page_size"}) == FlagSet().model_dump(exclude={"page_size"})
-    assert ignored == ["--mem-fraction-static"]
+    assert ignored == ["--host"]
 
 
 @pytest.mark.parametrize(

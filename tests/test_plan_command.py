@@ -4,6 +4,7 @@ SGLang's memory fraction, ``--from-sglang``, --json round trips, bad input."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -334,8 +335,12 @@ def test_from_sglang_follows_the_preset_s_model_rules() -> None:
     [
         (["--model", "llama", "--gpu-mem-gib", "80"], "deepseek-v3.2, glm-5"),
         (
-            ["--model-path", "meta-llama/Llama-3-8B", "--gpu-mem-gib", "80"],
+            ["--model-path", "acme/Mystery-MoE-7B", "--gpu-mem-gib", "80"],
             "maps to no preset; cpkv plans deepseek-v3.2, glm-5",
+        ),
+        (
+            ["--model-path", "meta-llama/Llama-3-8B", "--gpu-mem-gib", "80"],
+            "cannot shard meta-llama/Llama-3-8B: it is a grouped-query attention (GQA) model",
         ),
         (["--gpu-mem-gib", "80"], "give --model"),
         (["--model", "glm-5", "--model-path", "zai-org/GLM-5", "--gpu-mem-gib", "80"], "not both"),
@@ -381,7 +386,7 @@ def test_from_sglang_follows_the_preset_s_model_rules() -> None:
                 "--kv-cache-dtype",
                 "fp8_e5m2",
             ],
-            "kv_cache_dtype must be one of",
+            "kv_cache_dtype fp8_e5m2: glm-5 is a DSA model",
         ),
         (
             ["--model", "glm-5", "--gpu-mem-gib", "141", "--tp-size", "8", "--page-size", "0"],
@@ -455,6 +460,7 @@ def test_json_document_round_trips_with_stable_keys() -> None:
         "ep_size",
         "dp_attention",
         "cp_size",
+        "attn_cp_size",
         "attn_tp_size",
         "page_size",
         "gpu_mem_gib",
@@ -502,3 +508,33 @@ def test_plan_counts_the_smaller_peer_read_scratch() -> None:
     doubled = plan_json(*args, "--materialize", "peer-read", "--materialize-prefetch")
     assert doubled["materialize_prefetch"] is True
     assert doubled["levels"][1]["scratch_bytes_per_rank"] == 2 * 131072 * 1284
+
+
+V32_CONFIG = Path(__file__).parent / "data" / "models" / "deepseek-ai" / "DeepSeek-V3.2"
+
+
+def test_plans_a_local_checkpoint_from_its_config_json(tmp_path: Path) -> None:
+    """A folder the suite writes holds a V3.2-shaped ``config.json``; the plan reads it, as
+    SGLang would, and gives the preset's figures."""
+    folder = tmp_path / "my-finetune"
+    folder.mkdir()
+    (folder / "config.json").write_text((V32_CONFIG / "config.json").read_text())
+    command = (
+        f"python3 -m sglang.launch_server --model-path {folder} --tp 8 --enable-prefill-cp "
+        "--cp-strategy interleave --attn-cp-size 8"
+    )
+    doc = plan_json("--from-sglang", command)
+    preset = plan_json("--model", "deepseek-v3.2", "--tp-size", "8", "--cp-size", "8")
+    assert doc["model"] == "my-finetune"
+    assert doc["sources"]["model_dims"] == f"config:{folder / 'config.json'}"
+    assert doc["weights"] == preset["weights"] and doc["levels"] == preset["levels"]
+    assert (doc["cp_size"], doc["page_size"]) == (8, 64)
+
+
+def test_an_mla_model_without_dsa_stores_no_index_k() -> None:
+    doc = plan_json("--model", "deepseek-v3", "--tp-size", "8", "--cp-size", "8")
+    assert doc["bytes_per_token_per_layer"] == (512 + 64) * 2
+    fp8 = plan_json(
+        "--model", "kimi-k2", "--tp-size", "8", "--cp-size", "8", "--kv-cache-dtype", "fp8_e4m3"
+    )
+    assert fp8["bytes_per_token_per_layer"] == 512 + 64

@@ -1,12 +1,25 @@
-"""``cpkv flags`` and ``cpkv plan`` agree with SGLang 0.5.23 on a corpus of launch commands.
+"""``cpkv flags`` and ``cpkv plan`` agree with SGLang 0.5.23 on two corpora of launch commands.
 
-``tests/data/sglang_corpus.jsonl`` holds realistic and broken launch commands, each with
-SGLang's own verdict: its argparse and ``ServerArgs.resolve_once()`` were run from the pinned
-wheel on a CPU machine made to look like one H200 node (SGLang's ``override_platform`` with
-sm90 facts, CUDA-only kernel packages stubbed, the models' ``config.json`` files local).
-``parse_error`` is SGLang's argparse exiting 2, ``refused`` an error raised by its resolution
-(``where`` names the file), ``ok`` the resolved fields. A seed-series command carries the
-verdict of its 0.5.23 spelling too (``translated``): cpkv reads it with a warning.
+Each line holds a realistic or broken launch command with SGLang's own verdict: its argparse
+and ``ServerArgs.resolve_once()`` run from the pinned wheel on a CPU machine made to look like
+one H200 node (``scripts/sglang_oracle.py``: SGLang's ``override_platform`` with sm90 facts,
+143,771 MiB of GPU memory, the models' ``config.json`` files from ``tests/data/models``).
+``parse_error`` is SGLang's argparse, launcher or config merger refusing the command line,
+``refused`` an error raised by its resolution (``where`` names the file), ``ok`` the resolved
+fields. A seed-series command carries the verdict of its 0.5.23 spelling too
+(``translated``): cpkv reads it with a warning.
+
+- ``sglang_corpus.jsonl``: CP, attention DP, page size, PD, KV sharding, parser errors and
+  seed-series names;
+- ``sglang_corpus_b.jsonl``: launcher forms, ``--config`` YAML files
+  (``tests/data/sglang_configs``), models read from a folder's ``config.json`` and MLA models
+  without DSA, attention-backend page sizes, DCP, attention TP without prefill CP, SGLang's
+  boolean environment values, the chunk under attention DP, and ``mem_fraction_static`` as
+  SGLang derives it. Its ``resolved`` fields also hold the attention TP size, the DSA
+  kernels, the chunk and the memory fraction;
+- ``sglang_corpus_random.jsonl``: 150 commands drawn at random from the options above and
+  others (HiCache, two-batch overlap, speculative decoding, ``--nnodes``), kept to catch
+  what nobody thought to write by hand.
 """
 
 from __future__ import annotations
@@ -23,12 +36,14 @@ from typer.main import get_command
 from cpkv.cli import app as cli_app
 from flags import SGLANG_VERSION
 
+DATA = Path(__file__).parent / "data"
 CORPUS = [
     json.loads(line)
-    for line in (Path(__file__).parent / "data" / "sglang_corpus.jsonl").read_text().splitlines()
+    for name in ("sglang_corpus.jsonl", "sglang_corpus_b.jsonl", "sglang_corpus_random.jsonl")
+    for line in (DATA / name).read_text().splitlines()
 ]
-PLANNED_MODELS = ("deepseek-ai/DeepSeek-V3.2", "zai-org/GLM-5")
-"""Model paths ``cpkv plan`` has a preset for (GLM-5-FP8 included)."""
+UNSHARDABLE = ("Qwen/", "qwen3-finetune")
+"""Model paths of GQA models, which ``cpkv plan`` refuses in one sentence."""
 
 runner = CliRunner()
 
@@ -76,7 +91,9 @@ def test_cpkv_flags_gives_sglang_s_verdict(app: click.Command, row: dict[str, An
 
 @pytest.mark.parametrize("row", CORPUS, ids=[row["id"] for row in CORPUS])
 def test_cpkv_plan_gives_the_same_answer(app: click.Command, row: dict[str, Any]) -> None:
-    args = ["plan", "--gpu-mem-gib", "4096", "--from-sglang", row["command"], "--json"]
+    """On the H200 SGLang was resolved on, ``plan`` has SGLang's layout, page size, chunk
+    and memory fraction; a model too large for it is checked on a 4 TiB GPU."""
+    args = ["plan", "--from-sglang", row["command"], "--json"]
     result = runner.invoke(app, args)
     truth = _truth(row)
     if truth["verdict"] != "ok":
@@ -84,18 +101,25 @@ def test_cpkv_plan_gives_the_same_answer(app: click.Command, row: dict[str, Any]
         if truth["verdict"] == "refused":
             assert "SGLang would refuse" in result.stderr
         return
-    if not any(
-        f"--model-path {m}" in row["command"] or f"--model {m}" in row["command"]
-        for m in PLANNED_MODELS
-    ):
-        assert result.exit_code == 2 and "maps to no preset" in result.stderr
+    if any(model in row["command"] for model in UNSHARDABLE):
+        assert result.exit_code == 2 and "cannot shard" in result.stderr, result.output
         return
+    resolved = truth["resolved"]
+    on_h200 = result.exit_code == 0
+    if not on_h200:
+        assert "do not fit" in result.stderr, result.output
+        result = runner.invoke(app, [*args, "--gpu-mem-gib", "4096"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    resolved = truth["resolved"]
     cp_size = resolved["attn_cp_size"] if resolved["enable_prefill_cp"] else 1
     assert (document["cp_size"], document["tp_size"], document["page_size"]) == (
         cp_size,
         resolved["tp_size"],
         resolved["page_size"],
     )
+    if "attn_tp_size" in resolved:
+        assert document["attn_tp_size"] == resolved["attn_tp_size"]
+    if on_h200 and "mem_fraction_static" in resolved:
+        memory = document["memory"]
+        assert memory["chunked_prefill_size"] == resolved["chunked_prefill_size"]
+        assert memory["mem_fraction_static"] == resolved["mem_fraction_static"]

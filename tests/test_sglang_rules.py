@@ -1,5 +1,6 @@
 """Each SGLang 0.5.23 start-up rule cpkv enforces fires, with its text and file, on a corpus
-command SGLang refuses for that reason (``tests/data/sglang_corpus.jsonl``)."""
+command SGLang refuses for that reason (``tests/data/sglang_corpus.jsonl`` and
+``sglang_corpus_b.jsonl``)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,8 @@ from flags.sglang.rules import RULES, SglangRule
 
 CORPUS: dict[str, dict[str, Any]] = {
     row["id"]: row
-    for row in map(
-        json.loads,
-        (Path(__file__).parent / "data" / "sglang_corpus.jsonl").read_text().splitlines(),
-    )
+    for name in ("sglang_corpus.jsonl", "sglang_corpus_b.jsonl")
+    for row in map(json.loads, (Path(__file__).parent / "data" / name).read_text().splitlines())
 }
 
 CASES: list[tuple[SglangRule, str]] = [
@@ -47,6 +46,18 @@ CASES: list[tuple[SglangRule, str]] = [
     (RULES["moe_dp"], "glm5-zigzag-moe-dp8"),
     (RULES["dcp_below_one"], "dsv32-dcp0"),
     (RULES["dcp_with_prefill_cp"], "glm5fp8-dcp-with-cp"),
+    (RULES["dcp_comm_without_dcp"], "dcp-comm-without-dcp"),
+    (RULES["dcp_replicate_q_without_dcp"], "dcp-replicate-without-dcp"),
+    (RULES["dcp_replicate_q_comm"], "dcp-replicate-ag-rs"),
+    (RULES["dsa_dcp_hicache"], "dcp-dsa-hicache"),
+    (RULES["dsa_dcp_pd"], "dcp-dsa-decode-worker"),
+    (RULES["dsa_dcp_pd"], "dcp-dsa-prefill-worker"),
+    (RULES["dsa_dcp_eagle_topk"], "dcp-dsa-eagle-topk"),
+    (RULES["dsa_dcp_index_kpool"], "dcp-dsa-index-kpool4"),
+    (RULES["trtllm_mla_blackwell"], "page-dsv3-trtllm-mla"),
+    (RULES["cutedsl_mla_blackwell"], "page-dsv3-cutedsl"),
+    (RULES["hicache_without_radix"], "cache-hicache-without-radix"),
+    (RULES["dsa_layer_split_not_dsa"], "layer-split-dsv3"),
     (RULES["pd_prefill_fake"], "glm5-prefill-fake"),
     (RULES["pd_staging_backend"], "env-staging-buffer-ascend"),
     (RULES["dsa_kv_dtype"], "glm5-kv-dtype-fp8-e5m2"),

@@ -19,17 +19,27 @@ from cpkv.common.console import BadInput, bad_input_exits, emit, out
 from cpkv.plan.capacity import plan_capacity
 from cpkv.plan.inputs import PlanInputs
 from cpkv.plan.kv_bytes import parse_kv_cache_dtype
-from cpkv.plan.model_paths import preset_for_model_path
-from cpkv.plan.sglang import SglangPlanArgs, read_sglang_plan
+from cpkv.plan.memory_budget import MIB_PER_GIB
+from cpkv.plan.model_paths import plan_model
+from cpkv.plan.sglang import MEMORY_OPTIONS, SglangPlanArgs, read_sglang_plan
 from cpkv.render.plan import render_plan
-from cpkv_core.config import MODEL_PRESETS, MaterializeMode, WeightDtype
+from cpkv_core.config import MaterializeMode, WeightDtype
+from cpkv_core.mla_presets import PLAN_PRESETS
+from flags.sglang.memory import H200_MIB
+from flags.sglang.models import sglang_model
 
-MODEL_CHOICES = "|".join(MODEL_PRESETS)
+MODEL_CHOICES = "|".join(PLAN_PRESETS)
 
 IntOpt = int | None
 FloatOpt = float | None
 
-GpuMemOpt = Annotated[float, typer.Option("--gpu-mem-gib", help="GPU memory per rank, in GiB.")]
+GpuMemOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-mem-gib",
+        help="GPU memory per rank, in GiB (default: an H200 as SGLang reads it, 143,771 MiB).",
+    ),
+]
 PlanModelOpt = Annotated[
     str | None, typer.Option("--model", help=f"Model preset: {MODEL_CHOICES}.")
 ]
@@ -113,7 +123,7 @@ PlanOutOpt = Annotated[
 
 
 def plan_command(
-    gpu_mem_gib: GpuMemOpt,
+    gpu_mem_gib: GpuMemOpt = None,
     model_name: PlanModelOpt = None,
     model_path: ModelPathOpt = None,
     from_sglang: FromSglangOpt = None,
@@ -137,7 +147,7 @@ def plan_command(
     """Weights, KV pool and token capacity per rank and per CP group: level 0 (replicated
     KV) vs levels >= 2 (sharded KV, materialization scratch counted)."""
     cli: dict[str, Any] = {
-        "gpu_mem_gib": gpu_mem_gib,
+        "gpu_mem_gib": H200_MIB / MIB_PER_GIB if gpu_mem_gib is None else gpu_mem_gib,
         "cp_size": cp_size,
         "tp_size": tp_size,
         "ep_size": ep_size,
@@ -155,7 +165,12 @@ def plan_command(
     with bad_input_exits():
         cli |= _model_options(model_name, model_path, kv_cache_dtype)
         preset = cli["model"]
-        imported = read_sglang_plan(from_sglang, preset) if from_sglang is not None else None
+        memory = {k: cli[k] for k in MEMORY_OPTIONS if cli[k] is not None}
+        imported = (
+            read_sglang_plan(from_sglang, preset, cli["gpu_mem_gib"], memory)
+            if from_sglang is not None
+            else None
+        )
         values = _merge(imported, {k: v for k, v in cli.items() if v is not None})
         inputs = PlanInputs(**{name: value for name, (value, _) in values.items()})
         plan = plan_capacity(inputs)
@@ -183,7 +198,7 @@ def _model_options(
         raise BadInput("give --model or --model-path, not both")
     options: dict[str, Any] = {"model": model_name}
     if model_path is not None:
-        options["model"], options["model_weight_dtype"] = preset_for_model_path(model_path)
+        options |= plan_model(model_path, sglang_model(model_path))
     if kv_cache_dtype is not None:
         options["kv_cache_dtype"] = parse_kv_cache_dtype(kv_cache_dtype)
     return options
@@ -193,6 +208,8 @@ def _merge(imported: SglangPlanArgs | None, cli: dict[str, Any]) -> dict[str, tu
     """defaults < the SGLang command < the command line; ``{field: (value, source)}``."""
     values: dict[str, tuple[Any, str]] = dict(imported.values) if imported is not None else {}
     path_dtype = cli.pop("model_weight_dtype", None)
+    if "model_dims" in cli:
+        values["model_dims"] = (cli.pop("model_dims"), "cli:--model-path")
     if path_dtype is not None and "weight_dtype" not in cli:
         values["weight_dtype"] = (path_dtype, "cli:--model-path")
     values |= {name: (value, "cli") for name, value in cli.items()}

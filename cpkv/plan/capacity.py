@@ -21,14 +21,17 @@ holds; levels 3..5 store what level 2 stores.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from cpkv.plan.inputs import PlanInputs
-from cpkv.plan.kv_bytes import kv_bytes_per_token_per_layer
-from cpkv.plan.memory_budget import MemoryBudget, memory_budget, sglang_default_chunk_and_graph_bs
+from cpkv.plan.kv_bytes import KvCacheDtype, kv_bytes_per_token_per_layer
+from cpkv.plan.memory_budget import MIB_PER_GIB, MemoryBudget, memory_budget
 from cpkv.plan.weights import ParallelLayout, RankWeights, parallel_layout, weights_per_rank
-from cpkv_core.config import MaterializeMode, ModelConfig, WeightDtype, model_preset
+from cpkv_core.config import MaterializeMode, ModelConfig, WeightDtype
+from cpkv_core.mla_presets import plan_preset
+from flags.sglang.memory import planned_memory
 from phases import PhaseId
 
 REPLICATED_LEVEL = 0
@@ -146,23 +149,26 @@ def _longest_request(limits: dict[str, int]) -> tuple[int, str]:
 
 
 def _budget(inputs: PlanInputs, layout: ParallelLayout) -> MemoryBudget:
-    chunk, graph_bs = sglang_default_chunk_and_graph_bs(inputs.gpu_mem_gib, layout.tp_size)
-    if inputs.chunked_prefill_size is not None:
-        chunk = inputs.chunked_prefill_size
-    if inputs.cuda_graph_max_bs is not None:
-        graph_bs = inputs.cuda_graph_max_bs
+    sglang = inputs.sglang_memory
+    if sglang is None:
+        sglang = planned_memory(
+            inputs.gpu_mem_gib * MIB_PER_GIB,
+            layout.tp_size,
+            layout.dp_attention,
+            inputs.chunked_prefill_size,
+            inputs.cuda_graph_max_bs,
+        )
+        # NOTE: each attention-DP group prefills its share of the chunk (parallel_hook.py).
+        chunk = sglang.chunked_prefill_size
+        sglang = replace(sglang, chunked_prefill_size=chunk // layout.dp_attention)
     return memory_budget(
-        inputs.gpu_mem_gib,
-        inputs.mem_fraction_static,
-        inputs.reserve_gib,
-        chunked_prefill_size=chunk,
-        cuda_graph_max_bs=graph_bs,
-        tp_size=layout.tp_size,
-        dp_attention=layout.dp_attention,
+        inputs.gpu_mem_gib, inputs.mem_fraction_static, inputs.reserve_gib, sglang=sglang
     )
 
 
 def _check_sizes(inputs: PlanInputs) -> None:
+    if not (math.isfinite(inputs.gpu_mem_gib) and inputs.gpu_mem_gib > 0):
+        raise ValueError(f"gpu_mem_gib must be a finite number > 0, got {inputs.gpu_mem_gib}")
     if inputs.page_size < 1:
         raise ValueError(f"page_size must be >= 1 token, got {inputs.page_size}")
     if inputs.max_view_tokens < 1:
@@ -251,10 +257,19 @@ def plan_capacity(inputs: PlanInputs) -> CapacityPlan:
             pool that does not hold one page at level 0, or the scratch plus one page at
             level >= 2.
     """
-    model = model_preset(inputs.model)
+    model = inputs.model_dims or plan_preset(inputs.model)
     _check_sizes(inputs)
-    tp_size = inputs.tp_size or inputs.dp_attention * inputs.cp_size
-    layout = parallel_layout(tp_size, inputs.ep_size, inputs.dp_attention, inputs.cp_size)
+    if model.has_indexer and inputs.kv_cache_dtype is KvCacheDtype.FP8_E5M2:
+        raise ValueError(
+            f"kv_cache_dtype fp8_e5m2: {model.name} is a DSA model, whose pools store bf16 or "
+            "fp8_e4m3 (SGLang refuses fp8_e5m2 for it, overrides.py); use --kv-cache-dtype "
+            "fp8_e4m3"
+        )
+    attn_cp = inputs.attn_cp_size or inputs.cp_size
+    tp_size = inputs.tp_size or inputs.dp_attention * attn_cp
+    layout = parallel_layout(
+        tp_size, inputs.ep_size, inputs.dp_attention, inputs.cp_size, inputs.attn_cp_size
+    )
     budget = _budget(inputs, layout)
     weights = weights_per_rank(model, layout, inputs.weight_dtype)
     pool = _check_weights_fit(weights, budget, layout)

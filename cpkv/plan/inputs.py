@@ -6,7 +6,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from cpkv.plan.kv_bytes import KvCacheDtype
-from cpkv_core.config import MaterializeMode, WeightDtype
+from cpkv_core.config import MaterializeMode, ModelConfig, WeightDtype
+from flags.sglang.memory import MemoryDefaults
 
 DEFAULT_PAGE_SIZE = 64
 """Tokens per KV page of the NSA models."""
@@ -20,11 +21,17 @@ class PlanInputs(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str
-    """Model preset name (``deepseek-v3.2``, ``glm-5``, ``tiny``)."""
+    """Model preset name (``deepseek-v3.2``, ``glm-5``, ``deepseek-v3``, ``kimi-k2``,
+    ``tiny``), or the name of :attr:`model_dims`."""
+    model_dims: ModelConfig | None = None
+    """A model read from its ``config.json``; None means the preset :attr:`model` names."""
     gpu_mem_gib: float
     """GPU memory per rank, in GiB (2**30 bytes)."""
     cp_size: int = 1
     """CP ranks sharing the KV; 1 means CP off."""
+    attn_cp_size: int | None = None
+    """Attention-CP ranks carved out of TP (SGLang's ``--attn-cp-size``, which divides the
+    attention TP group even without prefill CP); None means :attr:`cp_size`."""
     tp_size: int | None = None
     """Ranks of the model instance (SGLang's ``--tp``); None means ``dp_attention x cp_size``."""
     ep_size: int = 1
@@ -45,6 +52,9 @@ class PlanInputs(BaseModel):
     """Chunk size SGLang's default reserve is sized for; None means SGLang's default."""
     cuda_graph_max_bs: int | None = None
     """CUDA-graph batch SGLang's default reserve is sized for; None means SGLang's default."""
+    sglang_memory: MemoryDefaults | None = None
+    """SGLang's memory defaults for a launch command on this GPU (its chunk, decode graph
+    and derived fraction); None derives them from the layout alone."""
     max_view_tokens: int = DEFAULT_MAX_VIEW_TOKENS
     """Tokens of the largest view (history + current) one batch reads at level >= 2."""
     materialize: MaterializeMode = MaterializeMode.GATHER

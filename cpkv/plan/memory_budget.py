@@ -10,11 +10,13 @@ and ``model_runner.py: profile_max_num_token``):
   runtime buffers.
 
 When ``--mem-fraction-static`` is not given, SGLang derives it from a reserve estimate in
-MiB: ``512 + 1.5 x max(chunked_prefill_size, 2048) + 2 x cuda_graph_max_bs + tp_size / 8 x
-1024`` (plus ``3 x cuda_graph_max_bs x dp`` under DP attention, and ``1.5 x
-cuda_graph_max_bs x dp`` more above 300), at least 10 GiB on GPUs above 60 GiB, and
-``mem_fraction_static = round((T - reserve) / T, 3)``. :func:`memory_budget` does the same,
-or takes the fraction or the reserve as given.
+MiB (``memory_hook.py``, modelled in :mod:`flags.sglang.memory`): ``512 + 1.5 x
+max(chunked_prefill_size, 2048) + tp_size x pp_size / 8 x 1024`` plus the CUDA graphs'
+reserve (``2 x max_bs`` for the decode graph, none on a prefill worker; DP attention's
+padding), at least 10 GiB on GPUs above 60 GiB, plus DeepEP's buffers, and
+``mem_fraction_static = round((T - reserve) / T, 3)``. A PD decode worker sizes its
+activations by its running requests instead of the chunk. :func:`memory_budget` takes that
+fraction, or the fraction or the reserve as given.
 """
 
 from __future__ import annotations
@@ -25,18 +27,12 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
+from flags.sglang.memory import MemoryDefaults
+
 GIB = 2**30
 """Bytes in one GiB."""
 MIB_PER_GIB = 1024
 """MiB in one GiB (SGLang's reserve estimate is in MiB)."""
-LARGE_GPU_MIB = 60 * 1024
-"""SGLang keeps at least ``MIN_LARGE_GPU_RESERVE_MIB`` on GPUs above this size."""
-MIN_LARGE_GPU_RESERVE_MIB = 10 * 1024
-"""The floor of SGLang's reserve on GPUs above 60 GiB."""
-B200_CLASS_MIB = 160 * 1024
-"""From this size up SGLang defaults to a 16384-token chunk and 512 CUDA-graph requests."""
-DEFAULT_MAX_PREFILL_TOKENS = 16384
-"""SGLang's ``--max-prefill-tokens``: the activation estimate without chunked prefill."""
 
 
 class FractionSource(StrEnum):
@@ -65,7 +61,8 @@ class MemoryBudget:
     static_bytes: int
     """``gpu_bytes x mem_fraction_static``, rounded down."""
     chunked_prefill_size: int
-    """Tokens per prefill chunk that the default reserve was sized for."""
+    """Tokens per prefill chunk as the server runs it (an attention-DP group's share, rounded
+    to pages for KV sharding); SGLang sizes its default reserve for the chunk before both."""
     cuda_graph_max_bs: int
     """Largest CUDA-graph batch the default reserve was sized for."""
 
@@ -87,45 +84,6 @@ class MemoryBudget:
         }
 
 
-def sglang_default_chunk_and_graph_bs(gpu_mem_gib: float, tp_size: int) -> tuple[int, int]:
-    """SGLang's defaults for ``--chunked-prefill-size`` and ``--cuda-graph-max-bs``.
-
-    From 60 to 160 GiB (H100, H200): 8192 tokens and 256 requests (512 at ``tp_size >= 4``);
-    from 160 GiB (B200): 16384 and 512. Smaller GPUs get other values in SGLang: pass them.
-    """
-    if gpu_mem_gib * MIB_PER_GIB >= B200_CLASS_MIB:
-        return 16384, 512
-    return 8192, 256 if tp_size < 4 else 512
-
-
-def sglang_reserve_mib(
-    gpu_mem_gib: float,
-    chunked_prefill_size: int,
-    cuda_graph_max_bs: int,
-    tp_size: int,
-    dp_attention: int,
-) -> float:
-    """SGLang's estimate of the memory outside the static share, in MiB.
-
-    A ``chunked_prefill_size`` below 1 means chunked prefill is off (SGLang's ``-1``): the
-    activations are then sized for ``--max-prefill-tokens`` (16384).
-    """
-    if cuda_graph_max_bs < 0:
-        raise ValueError(f"cuda_graph_max_bs must be >= 0, got {cuda_graph_max_bs}")
-    activation_tokens = (
-        chunked_prefill_size if chunked_prefill_size > 0 else DEFAULT_MAX_PREFILL_TOKENS
-    )
-    reserve = 512 + max(activation_tokens, 2048) * 1.5 + cuda_graph_max_bs * 2
-    reserve += tp_size / 8 * 1024
-    if dp_attention > 1:
-        reserve += cuda_graph_max_bs * dp_attention * 3
-        if cuda_graph_max_bs > 300:
-            reserve += cuda_graph_max_bs * dp_attention * 1.5
-    if gpu_mem_gib * MIB_PER_GIB > LARGE_GPU_MIB:
-        reserve = max(reserve, MIN_LARGE_GPU_RESERVE_MIB)
-    return reserve
-
-
 def _exact(value: float) -> Fraction:
     # NOTE: decimal values as written (0.85 is 17/20), so figures match hand arithmetic.
     return Fraction(repr(value))
@@ -136,12 +94,16 @@ def memory_budget(
     mem_fraction_static: float | None = None,
     reserve_gib: float | None = None,
     *,
-    chunked_prefill_size: int,
-    cuda_graph_max_bs: int,
-    tp_size: int,
-    dp_attention: int = 1,
+    sglang: MemoryDefaults,
 ) -> MemoryBudget:
     """The static share of one rank: given, from a reserve, or as SGLang derives it.
+
+    Args:
+        gpu_mem_gib: the GPU's memory, in GiB.
+        mem_fraction_static: the fraction as given, or None.
+        reserve_gib: the reserve as given, or None.
+        sglang: SGLang's memory defaults for the deployment on this GPU (chunk, decode
+            graph size, and the fraction it derives).
 
     Raises:
         ValueError: both or an out-of-range fraction or reserve, or a bad GPU size.
@@ -170,23 +132,19 @@ def memory_budget(
         fraction, source = mem_fraction_static, FractionSource.GIVEN
         static = gpu * _exact(fraction)
     else:
-        gpu_mib = gpu_mem_gib * MIB_PER_GIB
-        reserve = sglang_reserve_mib(
-            gpu_mem_gib, chunked_prefill_size, cuda_graph_max_bs, tp_size, dp_attention
-        )
-        fraction = round((gpu_mib - reserve) / gpu_mib, 3)
-        if fraction <= 0:
+        derived = sglang.mem_fraction_static
+        if derived is None or derived <= 0:
             raise ValueError(
-                f"SGLang's reserve estimate {reserve:,.0f} MiB leaves nothing of "
-                f"{gpu_mem_gib:g} GiB; pass --mem-fraction-static or --reserve-gib"
+                f"SGLang's reserve estimate {sglang.reserve_mib or 0:,.0f} MiB leaves nothing "
+                f"of {gpu_mem_gib:g} GiB; pass --mem-fraction-static or --reserve-gib"
             )
+        fraction, source = derived, FractionSource.SGLANG_DEFAULT
         static = gpu * _exact(fraction)
-        source = FractionSource.SGLANG_DEFAULT
     return MemoryBudget(
         gpu_bytes=math.floor(gpu),
         mem_fraction_static=fraction,
         source=source,
         static_bytes=math.floor(static),
-        chunked_prefill_size=chunked_prefill_size,
-        cuda_graph_max_bs=cuda_graph_max_bs,
+        chunked_prefill_size=sglang.chunked_prefill_size,
+        cuda_graph_max_bs=sglang.decode_max_bs,
     )

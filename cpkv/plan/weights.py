@@ -2,9 +2,10 @@
 
 SGLang's groups (``server_args.py``, ``layers/dp_attention.py``):
 
-- the attention TP group is ``attn_tp_size = tp_size // dp_attention // cp_size``: CP ranks
-  and attention-DP groups are carved out of the TP group, and each holds a whole copy of the
-  attention weights of its attention TP shard;
+- the attention TP group is ``attn_tp_size = tp_size // dp_attention // attn_cp_size``:
+  attention-CP ranks and attention-DP groups are carved out of the TP group (``--attn-cp-size``
+  does so even without prefill CP), and each holds a whole copy of the attention weights of
+  its attention TP shard;
 - routed experts are split over all ``tp_size`` ranks whatever ``ep_size`` (EP gives each
   rank whole experts, ``tp_size / ep_size`` MoE TP slices each; both hold ``1/tp_size``);
 - dense MLPs, shared experts and the LM head are split over ``tp_size``; the input
@@ -43,19 +44,28 @@ class ParallelLayout:
     dp_attention: int
     """Attention-DP groups (``--dp`` with ``--enable-dp-attention``); 1 means off."""
     cp_size: int
-    """CP ranks sharing a prefill chunk (``--attn-cp-size``); 1 means CP off."""
+    """CP ranks sharing a prefill chunk and its KV (prefill CP); 1 means CP off."""
+    attn_cp_size: int = 0
+    """Attention-CP ranks carved out of TP (``--attn-cp-size``); 0 means :attr:`cp_size`."""
+
+    @property
+    def attn_cp(self) -> int:
+        """The attention-CP group size: :attr:`attn_cp_size`, or :attr:`cp_size`."""
+        return self.attn_cp_size or self.cp_size
 
     @property
     def attn_tp_size(self) -> int:
         """Ranks that split one copy of the attention weights by heads."""
-        return self.tp_size // self.dp_attention // self.cp_size
+        return self.tp_size // self.dp_attention // self.attn_cp
 
     def to_json(self) -> dict[str, int]:
         """The sizes, and the attention TP size they leave."""
-        return asdict(self) | {"attn_tp_size": self.attn_tp_size}
+        return asdict(self) | {"attn_cp_size": self.attn_cp, "attn_tp_size": self.attn_tp_size}
 
 
-def parallel_layout(tp_size: int, ep_size: int, dp_attention: int, cp_size: int) -> ParallelLayout:
+def parallel_layout(
+    tp_size: int, ep_size: int, dp_attention: int, cp_size: int, attn_cp_size: int | None = None
+) -> ParallelLayout:
     """Checks the sizes the way SGLang does and returns the layout.
 
     Raises:
@@ -70,14 +80,15 @@ def parallel_layout(tp_size: int, ep_size: int, dp_attention: int, cp_size: int)
             f"ep_size must divide tp_size (SGLang splits experts over the TP ranks), got "
             f"tp_size={tp_size} ep_size={ep_size}; set --ep-size to a divisor of {tp_size}"
         )
-    if tp_size % (dp_attention * cp_size):
+    attn_cp = attn_cp_size or cp_size
+    if tp_size % (dp_attention * attn_cp):
         raise ValueError(
             f"tp_size must be a multiple of dp_attention x cp_size (SGLang carves CP ranks and "
             f"attention-DP groups out of the TP group), got tp_size={tp_size} "
-            f"dp_attention={dp_attention} cp_size={cp_size}; set --tp-size to "
-            f"{dp_attention * cp_size} or a multiple of it"
+            f"dp_attention={dp_attention} cp_size={attn_cp}; set --tp-size to "
+            f"{dp_attention * attn_cp} or a multiple of it"
         )
-    return ParallelLayout(tp_size, ep_size, dp_attention, cp_size)
+    return ParallelLayout(tp_size, ep_size, dp_attention, cp_size, attn_cp_size or 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,15 @@ def init_weights(cfg: ModelConfig, device: torch.device | str = "cpu") -> ModelW
     Drawn once a process per config on the host (~50 ms for the tiny model: every engine
     of every rank and level asks for them) and copied to ``device``; on the CPU every
     caller shares the same tensors, which nothing writes to.
+
+    Raises:
+        ValueError: ``cfg`` has no indexer: the test vehicle is a sparse-attention model.
     """
+    if not cfg.has_indexer:
+        raise ValueError(
+            f"model {cfg.name!r} has no DSA indexer; the test vehicle runs sparse-attention "
+            "MLA models only (a model without an indexer can be planned with cpkv plan)"
+        )
     host = _host_weights(cfg)
     if torch.device(device).type == "cpu":
         return host

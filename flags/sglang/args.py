@@ -12,23 +12,24 @@ ARGS``) goes through four steps, each its own module:
 
 from __future__ import annotations
 
-import re
-import shlex
-from dataclasses import dataclass, field
-from pathlib import PurePath
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from cpkv_core.config import MODEL_PRESETS, CpMode
+from cpkv_core.config import CpMode
+from cpkv_core.mla_presets import PLAN_PRESETS
 from flags.checks import Problem
 from flags.model import FLAG_SPECS, FlagError, FlagSet, field_type
+from flags.sglang.launcher import split_launch
+from flags.sglang.memory import H200_MIB
 from flags.sglang.models import sglang_model
-from flags.sglang.parser import parse_sglang_argv
+from flags.sglang.parser import ParsedArgs, parse_sglang_argv
 from flags.sglang.resolve import SglangResolution, resolve_sglang
 from flags.sglang.rules import ARG_GROUPS
 from flags.sglang.seed import translate_seed
 from flags.sglang.table import SGLANG, SGLANG_VERSION, option_name
+from flags.sglang.yaml_config import MergedArgs, merge_config
 from flags.sources import Layer, ResolvedFlags, cli_layer, merge_layers
 
 CP_STRATEGIES = {"zigzag": CpMode.IN_SEQ_SPLIT, "interleave": CpMode.ROUND_ROBIN_SPLIT}
@@ -57,6 +58,8 @@ REPORTED = (
     "attn_cp_size",
     "ep_size",
     "pp_size",
+    "dcp_size",
+    "dcp_replicate_q_proj",
     "enable_prefill_cp",
     "cp_strategy",
     "page_size",
@@ -73,12 +76,14 @@ REPORTED = (
 )
 """The resolved ``ServerArgs`` fields ``cpkv flags --json`` shows under ``sglang``."""
 
-RULE_ENV = ("SGLANG_DISAGG_STAGING_BUFFER", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND")
+RULE_ENV = (
+    "SGLANG_DISAGG_STAGING_BUFFER",
+    "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND",
+    "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
+    "SGLANG_MOONCAKE_CUSTOM_MEM_POOL",
+)
 """Environment variables SGLang's KV-sharding and PD rules read."""
 
-_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_PYTHON = re.compile(r"^python[0-9.]*$")
-LAUNCH_MODULE = "sglang.launch_server"
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +131,8 @@ class SglangImport:
         return {
             "version": SGLANG_VERSION,
             "model": None if model is None else model.architecture,
-            "resolved": {dest: values[dest] for dest in REPORTED},
+            "resolved": {dest: values[dest] for dest in REPORTED}
+            | {"attn_tp_size": self.sglang.attn_tp_size},
             "given": dict(self.sglang.given),
             "cp_size": self.sglang.cp_size,
         }
@@ -142,33 +148,40 @@ def from_sglang(args: str) -> tuple[FlagSet, list[str]]:
     return imported.flags, list(imported.ignored)
 
 
-def read_sglang(args: str, preset: str | None = None) -> SglangImport:
+def read_sglang(args: str, preset: str | None = None, gpu_mib: float = H200_MIB) -> SglangImport:
     """Reads a launch command as SGLang 0.5.23 does (see the module docstring).
 
     Args:
         args: the command line, as one string.
         preset: a cpkv model preset whose model rules apply instead of ``--model-path``'s.
+        gpu_mib: the GPU's memory in MiB, for SGLang's memory defaults (an H200's).
 
     Raises:
         FlagError: the command does not split, names another program, SGLang's parser
             refuses it (:class:`flags.sglang.parser.SglangArgError`, naming the closest
             option), or a seed-series name is malformed.
     """
-    if preset is not None and preset not in MODEL_PRESETS:
-        raise FlagError(f"--model must be one of {', '.join(MODEL_PRESETS)}, got {preset!r}")
-    env, argv = split_launch(args)
-    translated = translate_seed(argv)
-    parsed = parse_sglang_argv(translated.argv)
+    if preset is not None and preset not in PLAN_PRESETS:
+        raise FlagError(f"--model must be one of {', '.join(PLAN_PRESETS)}, got {preset!r}")
+    launch = split_launch(args)
+    env = launch.env
+    translated = translate_seed(list(launch.argv))
+    merged = merge_config(translated.argv)
+    parsed = _config_provenance(parse_sglang_argv(merged.argv, merged.config_options), merged)
     model = sglang_model(parsed.values["model_path"], preset)
-    resolution = resolve_sglang(parsed, {k: env[k] for k in RULE_ENV if k in env}, model)
+    rule_env = {k: env[k] for k in RULE_ENV if k in env}
+    resolution = resolve_sglang(parsed, rule_env, model, gpu_mib)
     layer = _resolved_layer(resolution, translated.renamed)
     for name, (raw, source) in translated.extra.items():
         layer.update(cli_layer({name: raw}, source))
     layer.update(_env_layer(env))
     flags, sources = merge_layers(layer)
     warnings = list(translated.warnings) + list(parsed.warnings)
-    if parsed.values.get("config") is not None:
-        warnings.append(f"--config {parsed.values['config']}: cpkv does not read the file")
+    if merged.config is None and parsed.values.get("config") is not None:
+        warnings.append(
+            f"--config={parsed.values['config']}: SGLang merges a config file only after the "
+            "token --config (space-separated); with '=' it stores the path and reads nothing"
+        )
     used = {*FLAG_DESTS.values(), *resolution.read, "model_path"}
     unused = {dest: option for dest, option in resolution.given.items() if dest not in used}
     unused_env = tuple(f"{k}={v}" for k, v in env.items() if not _env_read(k))
@@ -183,29 +196,15 @@ def read_sglang(args: str, preset: str | None = None) -> SglangImport:
     )
 
 
-def split_launch(args: str) -> tuple[dict[str, str], list[str]]:
-    """A command's leading ``NAME=value`` assignments and the arguments after the program.
-
-    Reads ``[python[3] -m sglang.launch_server | sglang serve] ARGS``, or ``ARGS`` alone.
-
-    Raises:
-        FlagError: the line does not split (an unclosed quote) or runs another program.
-    """
-    try:
-        tokens = shlex.split(args)
-    except ValueError as exc:
-        raise FlagError(f"cannot split the command line: {exc}") from exc
-    env: dict[str, str] = {}
-    while tokens and _ENV_ASSIGNMENT.match(tokens[0]):
-        name, _, value = tokens.pop(0).partition("=")
-        env[name] = value
-    if len(tokens) >= 3 and _PYTHON.match(PurePath(tokens[0]).name) and tokens[1] == "-m":
-        if tokens[2] != LAUNCH_MODULE:
-            raise FlagError(f"not an SGLang launch command: -m {tokens[2]} (want {LAUNCH_MODULE})")
-        return env, tokens[3:]
-    if len(tokens) >= 2 and PurePath(tokens[0]).name == "sglang" and tokens[1] == "serve":
-        return env, tokens[2:]
-    return env, tokens
+def _config_provenance(parsed: ParsedArgs, merged: MergedArgs) -> ParsedArgs:
+    """Names the config file as the source of each field only the file set."""
+    if not parsed.from_config:
+        return parsed
+    given = {
+        dest: f"--config {merged.config}: {option}" if dest in parsed.from_config else option
+        for dest, option in parsed.given.items()
+    }
+    return replace(parsed, given=given)
 
 
 def _source(resolution: SglangResolution, renamed: dict[str, str], dest: str) -> str:

@@ -106,7 +106,7 @@ def check_kv_cache_sharding(state: Resolving) -> None:
     if backend not in ("mooncake", "nixl"):
         state.add(TRANSFER_BACKEND.problem(disaggregation_transfer_backend=backend))
     if state.env_on("SGLANG_DISAGG_STAGING_BUFFER"):
-        _feature(state, SGLANG_DISAGG_STAGING_BUFFER="1")
+        _feature(state, SGLANG_DISAGG_STAGING_BUFFER=state.env["SGLANG_DISAGG_STAGING_BUFFER"])
     _layout(state)
     _round_chunk(state)
 
@@ -251,3 +251,9 @@ def _round_chunk(state: Resolving) -> None:
         f"--chunked-prefill-size {chunk} rounds up to {rounded}, a multiple of page_size "
         f"{page}, for KV sharding"
     )
+    # NOTE: the larger chunk needs more activation memory; a fraction SGLang derived (not one
+    # the command gave) gives it up, unrounded (kv_shard_hook.py).
+    delta_mib = 1.5 * (max(rounded, 2048) - max(chunk, 2048))
+    fraction = state["mem_fraction_static"]
+    if state.parsed.values["mem_fraction_static"] is None and delta_mib > 0 and fraction:
+        state.declare(KV_SHARD_HOOK, mem_fraction_static=fraction - delta_mib / state.gpu_mib)

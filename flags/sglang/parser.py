@@ -27,6 +27,7 @@ PROG = "sglang serve"
 """The program name SGLang's parser reports errors under."""
 _GIVEN = "_cpkv_given"
 _WARNINGS = "_cpkv_warnings"
+_CALLS = "_cpkv_calls"
 
 
 class SglangArgError(FlagError):
@@ -44,21 +45,43 @@ class ParsedArgs:
     ``--tp 8`` sets ``tp_size`` through ``--tp-size``)."""
     warnings: tuple[str, ...]
     """What SGLang's parser warns about (a deprecated option, naming its replacement)."""
+    from_config: frozenset[str] = frozenset()
+    """The fields a ``--config`` file set and the command line did not set again."""
 
 
-def parse_sglang_argv(argv: Sequence[str]) -> ParsedArgs:
+def parse_sglang_argv(argv: Sequence[str], config_options: int = 0) -> ParsedArgs:
     """Parses ``argv`` (the arguments after ``sglang serve``) as SGLang 0.5.23 does.
+
+    Args:
+        argv: the arguments, a ``--config`` file's options merged in first
+            (:func:`flags.sglang.yaml_config.merge_config`).
+        config_options: how many options at the head of ``argv`` came from the file.
 
     Raises:
         SglangArgError: an unknown, ambiguous or malformed option, a bad value or choice, or
             no ``--model-path``; the message names the closest real option.
     """
-    namespace = argparse.Namespace(**{_GIVEN: {}, _WARNINGS: []})
+    namespace = argparse.Namespace(**{_GIVEN: {}, _WARNINGS: [], _CALLS: []})
     _parser().parse_args(list(argv), namespace)
     given: dict[str, str] = getattr(namespace, _GIVEN)
     warnings: list[str] = getattr(namespace, _WARNINGS)
-    values = {k: v for k, v in vars(namespace).items() if k not in (_GIVEN, _WARNINGS)}
-    return ParsedArgs(values, dict(given), tuple(warnings))
+    calls: list[str] = getattr(namespace, _CALLS)
+    # NOTE: argparse runs one action per option, in order, so the first ``config_options``
+    # calls are the file's; a field the command line sets again is the command line's.
+    from_config = set(calls[:config_options]) - set(calls[config_options:])
+    internal = (_GIVEN, _WARNINGS, _CALLS)
+    values = {k: v for k, v in vars(namespace).items() if k not in internal}
+    return ParsedArgs(values, dict(given), tuple(warnings), frozenset(from_config))
+
+
+@cache
+def _defaults() -> tuple[tuple[str, Any], ...]:
+    return tuple(parse_sglang_argv(["--model-path", "-"]).values.items())
+
+
+def sglang_defaults() -> dict[str, Any]:
+    """Every ``ServerArgs`` field with an option, at SGLang's default (``model_path`` "-")."""
+    return dict(_defaults())
 
 
 class _Parser(argparse.ArgumentParser):
@@ -116,6 +139,7 @@ class _Store(argparse.Action):
     ) -> None:
         setattr(namespace, self.dest, values)
         getattr(namespace, _GIVEN)[self.dest] = option_string
+        getattr(namespace, _CALLS).append(self.dest)
 
 
 class _StoreConst(_Store):

@@ -7,16 +7,17 @@ KV dtype and kernels. Each step names the file it follows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flags.checks import Problem, ProblemCode
 from flags.sglang.kv_shard import check_kv_cache_sharding
+from flags.sglang.memory import H200_MIB, MemoryDefaults, memory_defaults
+from flags.sglang.model_rules import attention_backend, model_rules
 from flags.sglang.models import SglangModel
 from flags.sglang.parser import ParsedArgs
 from flags.sglang.rules import (
-    DEEPSEEK_OVERRIDES,
-    OVERRIDE_BASE,
+    MEMORY_HOOK,
     OVERRIDES,
     PARALLEL_HOOK,
     PD_HOOK,
@@ -28,8 +29,6 @@ A2A_EP_BACKENDS = frozenset(
 )
 """MoE all-to-all backends that span the TP group: EP becomes the TP size
 (``overrides.py: _a2a_ep_size``)."""
-DSA_PAGE = 64
-"""Tokens per page of a DSA model on CUDA, times its ``index_kpool``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,30 +49,49 @@ class SglangResolution:
     model: SglangModel | None
     read: frozenset[str]
     """The fields SGLang's rules, as cpkv models them, read."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The environment assignments the rules read."""
+    memory: MemoryDefaults | None = None
+    """What the GPU-memory rule resolved (before the model overrides: chunk, decode graph
+    size, derived fraction); None when the model is unknown. ``values`` holds the fraction
+    after KV sharding's correction."""
 
     @property
     def cp_size(self) -> int:
         """The prefill CP size: the attention CP size while prefill CP is on, else 1."""
         return int(self.values["attn_cp_size"]) if self.values["enable_prefill_cp"] else 1
 
+    @property
+    def attn_tp_size(self) -> int:
+        """Ranks that split one copy of the attention weights: ``tp / (attn_dp x attn_cp)``,
+        whether or not prefill CP is on (SGLang carves the attention-CP group out of TP)."""
+        values = self.values
+        return int(values["tp_size"] // max(values["attn_dp_size"] * values["attn_cp_size"], 1))
+
 
 def resolve_sglang(
-    parsed: ParsedArgs, env: dict[str, str], model: SglangModel | None
+    parsed: ParsedArgs,
+    env: dict[str, str],
+    model: SglangModel | None,
+    gpu_mib: float = H200_MIB,
 ) -> SglangResolution:
     """SGLang's resolution of ``parsed`` for ``model`` (None: a model cpkv does not know,
-    whose model rules are skipped)."""
-    state = Resolving(parsed, env, model)
+    whose model rules are skipped) on a GPU of ``gpu_mib`` MiB (an H200 by default)."""
+    state = Resolving(parsed, env, model, gpu_mib)
     for step in (
         _device,
         _deprecated_dp_attention,
         _pd_disaggregation,
         _decode_context_parallelism,
-        _model_rules,
+        _gpu_memory,
+        model_rules,
+        attention_backend,
+        _page_size_default,
         _data_parallelism,
         _context_parallelism,
-        _page_size_default,
         check_kv_cache_sharding,
         _a2a_ep_size,
+        _cache_compatibility,
     ):
         step(state)
     return SglangResolution(
@@ -85,6 +103,8 @@ def resolve_sglang(
         tuple(state.notes),
         model,
         frozenset(state.read),
+        dict(env),
+        state.memory,
     )
 
 
@@ -116,134 +136,48 @@ def _pd_disaggregation(state: Resolving) -> None:
     mode = state["disaggregation_mode"]
     if mode == "prefill" and backend == "fake":
         state.refuse("pd_prefill_fake", disaggregation_transfer_backend=backend)
+    if mode == "decode":
+        # NOTE: a decode worker runs without the radix cache unless asked to keep it.
+        keep = bool(state["disaggregation_decode_enable_radix_cache"])
+        state.declare(PD_HOOK, disable_radix_cache=not keep)
     staging = state.env_on("SGLANG_DISAGG_STAGING_BUFFER")
     if mode != "null" and staging and backend not in ("mooncake", "nixl"):
         state.refuse("pd_staging_backend", disaggregation_transfer_backend=backend)
 
 
 def _decode_context_parallelism(state: Resolving) -> None:
-    """parallel_hook.py: handle_decode_context_parallelism."""
-    if state["dcp_size"] < 1:
-        state.refuse("dcp_below_one", dcp_size=state["dcp_size"])
-    if state["dcp_size"] > 1 and state["enable_prefill_cp"]:
-        state.refuse("dcp_with_prefill_cp", dcp_size=state["dcp_size"])
+    """parallel_hook.py: handle_decode_context_parallelism, after overrides.py's
+    ``_dcp_comm_backend_default`` (``a2a`` for DCP on Hopper, else ``ag_rs``)."""
+    dcp = state["dcp_size"]
+    if state["dcp_comm_backend"] is None:
+        state.declare(OVERRIDES, dcp_comm_backend="a2a" if dcp > 1 else "ag_rs")
+    comm = state["dcp_comm_backend"]
+    if dcp < 1:
+        state.refuse("dcp_below_one", dcp_size=dcp)
+    if dcp > 1 and state["enable_prefill_cp"]:
+        state.refuse("dcp_with_prefill_cp", dcp_size=dcp)
+    if comm in ("a2a", "fi_a2a") and dcp <= 1:
+        state.refuse("dcp_comm_without_dcp", dcp_comm_backend=comm, dcp_size=dcp)
+    if state["dcp_replicate_q_proj"]:
+        if dcp <= 1:
+            state.refuse("dcp_replicate_q_without_dcp", dcp_replicate_q_proj=True, dcp_size=dcp)
+        elif comm not in ("a2a", "fi_a2a"):
+            state.refuse("dcp_replicate_q_comm", dcp_replicate_q_proj=True, dcp_comm_backend=comm)
 
 
-def _model_rules(state: Resolving) -> None:
-    model = state.model
-    if model is None:
-        path = state["model_path"]
-        state.notes.append(
-            f"model {path!r} is not one cpkv knows (DeepSeek-V3.2, GLM-5, DeepSeek-V3/R1): "
-            "SGLang's model rules (CP size, page size, KV dtype) are not applied; name the "
-            "model with --model PRESET"
-        )
+def _gpu_memory(state: Resolving) -> None:
+    """memory_hook.py: handle_gpu_memory_settings, on the H200 (before the model overrides:
+    it reads the command's own sizes and MoE backend)."""
+    if state.model is None:
         return
-    if model.dsa:
-        _dsa_rules(state, model)
-    elif model.mla and state["enable_prefill_cp"]:
-        _mla_cp(state)
-
-
-def _dsa_rules(state: Resolving, model: SglangModel) -> None:
-    """DeepSeek-V3.2 and GLM-5 (model_overrides/deepseek_v2.py, model_hook.py, overrides.py)."""
-    if all(
-        state[b] is None
-        for b in ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
-    ):
-        state.declare(DEEPSEEK_OVERRIDES, attention_backend="dsa")
-    if state["device"] != "cuda":
-        return
-    if state["enable_prefill_cp"]:
-        _dsa_cp(state)
-    state.declare(DEEPSEEK_OVERRIDES, page_size=DSA_PAGE * model.index_kpool)
-    if state["enable_prefill_cp"] and state["disaggregation_mode"] == "decode":
-        state.refuse("cp_on_decode", disaggregation_mode="decode")
-    _dsa_layer_split(state)
-    _dsa_kv_cache_dtype(state)
-    _dsa_backends(state)
-
-
-def _dsa_cp(state: Resolving) -> None:
-    """DSA prefill CP: attention DP from ``--dp-size`` too, zigzag on DeepEP with EP = TP,
-    one machine, and CP = TP / attention DP unless interleave names its own."""
-    attn_dp = _cp_attn_dp(state)
-    tp = state["tp_size"]
-    if state["cp_strategy"] == "zigzag":
-        state.declare(DEEPSEEK_OVERRIDES, moe_dense_tp_size=1, moe_a2a_backend="deepep", ep_size=tp)
-    if tp > 8:
-        state.refuse("cp_tp_above_8", tp_size=tp)
-    keep = state["cp_strategy"] == "interleave" and state["attn_cp_size"] > 1
-    if not keep and attn_dp >= 1:
-        state.declare(DEEPSEEK_OVERRIDES, attn_cp_size=tp // attn_dp)
-
-
-def _mla_cp(state: Resolving) -> None:
-    """MLA prefill CP (DeepSeek-V3/R1): attention TP 1 on DeepEP (deepseek_v2.py)."""
-    attn_dp = _cp_attn_dp(state)
-    tp = state["tp_size"]
-    state.declare(DEEPSEEK_OVERRIDES, moe_dense_tp_size=1, moe_a2a_backend="deepep", ep_size=tp)
-    if attn_dp >= 1:
-        state.declare(DEEPSEEK_OVERRIDES, attn_cp_size=tp // attn_dp)
-
-
-def _cp_attn_dp(state: Resolving) -> int:
-    """CP layouts run ``--dp-size`` groups as attention DP (model_override_base.py)."""
-    attn_dp, dp = state["attn_dp_size"], state["dp_size"]
-    if attn_dp > 1 and dp > 1:
-        state.refuse("cp_attn_dp_with_replicas", attn_dp_size=attn_dp, dp_size=dp)
-    if dp > 1:
-        state.notes.append(
-            f"--dp-size {dp} under prefill CP runs {dp} attention-DP groups; SGLang deprecates "
-            f"this reading: use --attn-dp-size {dp} ({OVERRIDE_BASE})"
-        )
-    state.declare(DEEPSEEK_OVERRIDES, attn_dp_size=attn_dp * dp, dp_size=1)
-    return int(attn_dp * dp)
-
-
-def _dsa_layer_split(state: Resolving) -> None:
-    """``--enable-dsa-cache-layer-split`` (model_hook.py)."""
-    if not state["enable_dsa_cache_layer_split"]:
-        return
-    interleave = state["enable_prefill_cp"] and state["cp_strategy"] == "interleave"
-    mode, backend = state["disaggregation_mode"], state["disaggregation_transfer_backend"]
-    if mode != "prefill" or not interleave or backend != "mooncake" or state["pp_size"] > 1:
-        state.refuse(
-            "dsa_layer_split",
-            disaggregation_mode=mode,
-            cp_strategy=state["cp_strategy"],
-            disaggregation_transfer_backend=backend,
-            pp_size=state["pp_size"],
-        )
-
-
-def _dsa_kv_cache_dtype(state: Resolving) -> None:
-    """``auto`` is bfloat16 below Blackwell; only bf16 and fp8_e4m3 (overrides.py)."""
-    dtype = state["kv_cache_dtype"]
-    resolved = "bfloat16" if dtype in ("auto", "bf16") else dtype
-    if resolved not in ("bfloat16", "fp8_e4m3"):
-        state.refuse("dsa_kv_dtype", kv_cache_dtype=dtype)
-    elif resolved != dtype:
-        state.declare(OVERRIDES, kv_cache_dtype=resolved)
-
-
-def _dsa_backends(state: Resolving) -> None:
-    """Hopper's DSA kernels: flashmla_kv for fp8 KV, else flashmla_sparse / fa3
-    (overrides.py: _dsa_split_backend_resolution)."""
-    fp8 = state["kv_cache_dtype"] == "fp8_e4m3"
-    defaults = ("flashmla_kv", "flashmla_kv") if fp8 else ("flashmla_sparse", "fa3")
-    for dest, default in zip(("dsa_prefill_backend", "dsa_decode_backend"), defaults, strict=True):
-        if state[dest] is None:
-            state.declare(OVERRIDES, **{dest: default})
-    prefill, decode = state["dsa_prefill_backend"], state["dsa_decode_backend"]
-    if "triton" in (prefill, decode):
-        state.refuse(
-            "dsa_backend_rocm_only", dsa_prefill_backend=prefill, dsa_decode_backend=decode
-        )
-    if fp8 and "tilelang" in (prefill, decode) and prefill != decode:
-        state.refuse(
-            "dsa_backend_tilelang_fp8", dsa_prefill_backend=prefill, dsa_decode_backend=decode
-        )
+    defaults = memory_defaults(state.values, state.env, state.model.mla, state.gpu_mib)
+    state.memory = defaults
+    if state["chunked_prefill_size"] is None:
+        state.declare(MEMORY_HOOK, chunked_prefill_size=defaults.chunked_prefill_size)
+    if defaults.mem_fraction_static is not None:
+        state.declare(MEMORY_HOOK, mem_fraction_static=defaults.mem_fraction_static)
+    state.read |= {"mem_fraction_static", "max_running_requests", "pp_size", "dcp_size"}
+    state.read |= {dest for dest in state.values if "cuda_graph" in dest}
 
 
 def _data_parallelism(state: Resolving) -> None:
@@ -255,6 +189,9 @@ def _data_parallelism(state: Resolving) -> None:
         state.refuse("attn_dp_with_replicas", attn_dp_size=attn_dp, dp_size=dp)
     elif attn_dp > 1 and tp % attn_dp:
         state.refuse("attn_dp_indivisible", tp_size=tp, attn_dp_size=attn_dp)
+    chunk = state["chunked_prefill_size"]
+    if attn_dp > 1 and chunk is not None:
+        state.declare(PARALLEL_HOOK, chunked_prefill_size=chunk // attn_dp)
 
 
 def _context_parallelism(state: Resolving) -> None:
@@ -285,6 +222,12 @@ def _page_size_default(state: Resolving) -> None:
     """No ``--page-size`` and no model rule: one token a page on CUDA (overrides.py)."""
     if state["page_size"] is None:
         state.declare(OVERRIDES, page_size=1)
+
+
+def _cache_compatibility(state: Resolving) -> None:
+    """kv_cache_hook.py: handle_cache_compatibility (HiCache needs the radix cache)."""
+    if state["enable_hierarchical_cache"] and state["disable_radix_cache"]:
+        state.refuse("hicache_without_radix", enable_hierarchical_cache=True)
 
 
 def _a2a_ep_size(state: Resolving) -> None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flags.checks import Problem, ProblemCode, Value
+from flags.sglang.environ import env_bool, env_bool_invalid
+from flags.sglang.memory import H200_MIB, MemoryDefaults
 from flags.sglang.models import SglangModel
 from flags.sglang.parser import ParsedArgs
 from flags.sglang.table import SGLANG
@@ -23,6 +25,9 @@ MODEL_HOOK = ARG_GROUPS + "model_hook.py"
 OVERRIDES = ARG_GROUPS + "overrides.py"
 PD_HOOK = ARG_GROUPS + "pd_disaggregation_hook.py"
 KV_SHARD_HOOK = ARG_GROUPS + "kv_shard_hook.py"
+MEMORY_HOOK = ARG_GROUPS + "memory_hook.py"
+KV_CACHE_HOOK = ARG_GROUPS + "kv_cache_hook.py"
+ATTENTION_HOOK = ARG_GROUPS + "attention_hook.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,63 @@ RULES: dict[str, SglangRule] = {
         "--dcp-size > 1 does not support --enable-prefill-cp.",
         "drop --dcp-size or --enable-prefill-cp",
     ),
+    "dcp_comm_without_dcp": _rule(
+        C.SGLANG_DCP,
+        PARALLEL_HOOK,
+        "--dcp-comm-backend a2a/fi_a2a only affects the decode context-parallel attention "
+        "reduction and therefore requires --dcp-size > 1.",
+        "drop --dcp-comm-backend or set --dcp-size above 1",
+    ),
+    "dcp_replicate_q_without_dcp": _rule(
+        C.SGLANG_DCP,
+        PARALLEL_HOOK,
+        "--dcp-replicate-q-proj requires --dcp-size > 1.",
+        "drop --dcp-replicate-q-proj or set --dcp-size above 1",
+    ),
+    "dcp_replicate_q_comm": _rule(
+        C.SGLANG_DCP,
+        PARALLEL_HOOK,
+        "--dcp-replicate-q-proj only applies to the a2a/fi_a2a DCP communication backend.",
+        "drop --dcp-replicate-q-proj or use --dcp-comm-backend a2a",
+    ),
+    "dsa_dcp_hicache": _rule(
+        C.SGLANG_DCP,
+        DEEPSEEK_OVERRIDES,
+        "DSA DCP does not support HiSparse or HiCache.",
+        "drop --dcp-size or HiSparse/HiCache",
+    ),
+    "dsa_dcp_pd": _rule(
+        C.SGLANG_DCP,
+        DEEPSEEK_OVERRIDES,
+        "DSA DCP does not support PD disaggregation.",
+        "drop --dcp-size on a PD worker (cpkv pd --decode-cp-size re-shards to a decode "
+        "group instead)",
+    ),
+    "dsa_dcp_eagle_topk": _rule(
+        C.SGLANG_DCP,
+        DEEPSEEK_OVERRIDES,
+        "DSA DCP requires --speculative-eagle-topk 1.",
+        "set --speculative-eagle-topk 1",
+    ),
+    "dsa_dcp_index_kpool": _rule(
+        C.SGLANG_DCP,
+        DEEPSEEK_OVERRIDES,
+        "--dcp-size > 1 is not supported for DSA with index_kpool > 1: a pooled index key "
+        "spans positions owned by different DCP ranks.",
+        "drop --dcp-size",
+    ),
+    "trtllm_mla_blackwell": _rule(
+        C.SGLANG_ATTENTION_BACKEND,
+        OVERRIDES,
+        "TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x).",
+        "on Hopper use --attention-backend fa3 or flashmla",
+    ),
+    "cutedsl_mla_blackwell": _rule(
+        C.SGLANG_ATTENTION_BACKEND,
+        OVERRIDES,
+        "CuteDSL MLA backend is only supported on Blackwell GPUs (SM100).",
+        "on Hopper use --attention-backend fa3 or flashmla",
+    ),
     "pd_prefill_fake": _rule(
         C.SGLANG_PD_TRANSFER_BACKEND,
         PD_HOOK,
@@ -159,6 +221,20 @@ RULES: dict[str, SglangRule] = {
         "--enable-prefill-cp --cp-strategy interleave, the mooncake transfer backend and PP 1.",
         "drop --enable-dsa-cache-layer-split",
     ),
+    "hicache_without_radix": _rule(
+        C.SGLANG_CACHE,
+        KV_CACHE_HOOK,
+        "The arguments enable-hierarchical-cache and disable-radix-cache are mutually "
+        "exclusive and cannot be used at the same time.",
+        "drop --enable-hierarchical-cache or --disable-radix-cache",
+    ),
+    "dsa_layer_split_not_dsa": _rule(
+        C.SGLANG_DSA_CACHE_LAYER_SPLIT,
+        MODEL_HOOK,
+        "--enable-dsa-cache-layer-split is only supported for DSA (DeepSeek Sparse Attention) "
+        "models.",
+        "drop --enable-dsa-cache-layer-split",
+    ),
 }
 """The rules of SGLang's parallel, model and PD resolution, by name; KV sharding's are in
 :mod:`flags.sglang.kv_shard`."""
@@ -171,8 +247,18 @@ class Resolving:
     :meth:`declare` s it with its file, a rule that refuses adds a problem.
     """
 
-    def __init__(self, parsed: ParsedArgs, env: dict[str, str], model: SglangModel | None):
+    def __init__(
+        self,
+        parsed: ParsedArgs,
+        env: dict[str, str],
+        model: SglangModel | None,
+        gpu_mib: float = H200_MIB,
+    ):
         self.values: dict[str, Any] = dict(parsed.values)
+        self.gpu_mib = gpu_mib
+        """The GPU's memory in MiB, as SGLang's memory rules read it."""
+        self.memory: MemoryDefaults | None = None
+        """What the GPU-memory rule resolved."""
         self.parsed = parsed
         self.given = dict(parsed.given)
         self.env = env
@@ -210,5 +296,12 @@ class Resolving:
             self.problems.append(problem)
 
     def env_on(self, name: str) -> bool:
-        """True when the command sets environment variable ``name`` to a true value."""
-        return self.env.get(name, "").lower() in ("1", "true", "yes", "on")
+        """Boolean variable ``name`` as SGLang reads the command's assignments
+        (:func:`flags.sglang.environ.env_bool`); a value SGLang ignores gets a note."""
+        note = (
+            f"{name}={self.env.get(name)!r} is not a boolean SGLang reads (true/1/yes/y, "
+            f"false/0/no/n): it warns and uses the default, {env_bool({}, name)}"
+        )
+        if env_bool_invalid(self.env, name) and note not in self.notes:
+            self.notes.append(note)
+        return env_bool(self.env, name)
