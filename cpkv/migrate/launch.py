@@ -82,7 +82,8 @@ class Edit:
 class LaunchCommand:
     """``[NAME=value ...] sglang serve ARGS``, by option.
 
-    Invariant: the groups' fields are the fields SGLang's parser says the arguments set.
+    Invariant: the groups' fields are the fields SGLang's parser says the arguments set
+    (those of a ``--config`` file aside).
     """
 
     env: tuple[tuple[str, str], ...]
@@ -101,7 +102,8 @@ class LaunchCommand:
         groups = group_arguments(argv)
         given = set(parse_sglang_argv(argv).given)
         found = {g.dest for g in groups}
-        if found != given:
+        # NOTE: a --config file may give fields the arguments do not.
+        if not found <= given or (found != given and "config" not in found):
             raise RuntimeError(f"grouped fields {sorted(found)} != parsed {sorted(given)}: a bug")
         return cls(tuple(env.items()), tuple(groups))
 

@@ -118,6 +118,8 @@ def plan_migration(command: str, options: MigrateOptions) -> Migration | Refusal
             settled = _keep_cp_size(settled, steps[-1].settled, options.preset)
         steps.append(_planned(number, spec, settled, previous, options))
         previous = settled.command
+    if not steps[0].runnable:
+        raise RuntimeError(f"level 0 of {command!r} does not start: indicates a bug")
     return Migration(
         command, imported, _levels(imported), options, rate, tuple(steps), tuple(notes)
     )
@@ -132,8 +134,12 @@ def _given(command: str) -> LaunchCommand:
     return LaunchCommand.from_parts(env, translated.argv)
 
 
-PHASE_ENV = tuple(FLAG_SPECS[f].env for f in PHASE_FIELDS.values())
-"""cpkv's phase switches as variables (``CPKV_ENABLE_NSA_PREFILL_CP_NARROW_OUTPUT``, ...)."""
+PHASE_ENV = (
+    *(FLAG_SPECS[f].env for f in PHASE_FIELDS.values()),
+    FLAG_SPECS["max_phase"].env,
+)
+"""cpkv's phase switches and ceiling as variables (``CPKV_ENABLE_NSA_PREFILL_CP_NARROW_OUTPUT``,
+..., ``CPKV_MAX_PHASE``)."""
 
 
 def _baseline(given: LaunchCommand) -> tuple[LaunchCommand, list[str]]:

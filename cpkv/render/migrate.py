@@ -68,15 +68,17 @@ def _changes(console: Console, changes: dict[str, Any]) -> None:
 
 def _needs(console: Console, needs: list[dict[str, Any]]) -> None:
     if needs:
-        _line(console, "  needs (flag, the rule that wants it, the value it found):")
+        _line(console, "  needs (the flag, the rule that wants it: the value it found):")
+    shown = None
     for need in needs:
         codes = ", ".join(need["codes"])
-        found = "unset" if need["found"] is None else str(need["found"]).lower()
-        _line(console, "    ", (need["flag"], ADDED), f"  {codes} (found {found})")
+        found = f"{need['field']}={_shown(need['found'])}"
+        _line(console, "    ", (need["flag"], ADDED), f"  {codes}: {found}")
         if need["already_resolved"] or need["source"] == "cpkv migrate":
             _line(console, ("      " + need["rule"], DIM))
-        if need["changes_deployment"]:
+        if need["changes_deployment"] and need["changes_deployment"] != shown:
             _line(console, ("      changes the deployment: ", "bold"), need["changes_deployment"])
+        shown = need["changes_deployment"]
 
 
 def _capacity(console: Console, step: dict[str, Any]) -> None:
@@ -127,7 +129,8 @@ def _step(console: Console, step: dict[str, Any]) -> None:
     _plugin(console, step["plugin"])
     _needs(console, step["needs"])
     for unmet in step["unmet"]:
-        _line(console, ("  unmet: ", "red"), f"{unmet['text']}: {unmet['why']} [{unmet['source']}]")
+        _line(console, ("  unmet: ", "red"), unmet["text"], (f" [{unmet['source']}]", DIM))
+        _line(console, f"    why: {unmet['why']}")
     _capacity(console, step)
     if step["rollback"] is not None:
         _line(console, "  rollback: ", (step["rollback"], DIM))
