@@ -231,3 +231,31 @@ def test_groups_options_as_sglangs_parser_reads_them() -> None:
     command = LaunchCommand.from_parts({"A": "x y"}, argv)
     env, again = command.env_dict, read_sglang(command.text)
     assert env == {"A": "x y"} and again.sglang.given["page_size"] == "--page-size"
+
+
+def test_a_feature_kv_sharding_refuses_is_dropped_whole_and_said_so() -> None:
+    eagle = (
+        f"sglang serve --model-path {V32} --tp 8 --enable-prefill-cp --cp-strategy interleave "
+        "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+        "--speculative-num-draft-tokens 4"
+    )
+    _, document = _migrate("--from-sglang", eagle)
+    sharded = document["steps"][2]
+    assert sharded["runnable"]
+    assert sharded["changes"]["removed"] == [
+        "--speculative-algorithm EAGLE",
+        "--speculative-num-steps 3",
+        "--speculative-eagle-topk 1",
+        "--speculative-num-draft-tokens 4",
+    ]
+    dropped = [n for n in sharded["needs"] if n["codes"] == ["SGLANG_KV_SHARDING_FEATURE"]]
+    assert dropped and all("off on this worker" in n["changes_deployment"] for n in dropped)
+
+
+def test_a_command_that_lists_its_plugins_gets_cpkv_added() -> None:
+    _, document = _migrate("--from-sglang", f"SGLANG_PLUGINS=foo {V32_REPLICATED}")
+    narrow = document["steps"][1]
+    assert {"from": "SGLANG_PLUGINS=foo", "to": "SGLANG_PLUGINS=foo,cpkv"} in narrow["changes"][
+        "changed"
+    ]
+    assert narrow["plugin"]["loading"].startswith("SGLANG_PLUGINS=foo,cpkv")

@@ -76,15 +76,19 @@ def _prefill_cp(imported: SglangImport) -> tuple[Edit, ...]:
 
 
 def _feature(imported: SglangImport, field: str) -> tuple[Edit, ...]:
-    """Drop the feature KV sharding refuses: its variable, its switch, or its option."""
-    if field in imported.sglang.given or field.isupper():
-        kind = EditKind.UNSET_ENV if field.isupper() else EditKind.DROP
-        return (Edit(kind, field),)
-    family = {"speculative_": "speculative_algorithm", "hicache_": "enable_hierarchical_cache"}
-    for prefix, switch in family.items():
-        if field.startswith(prefix):
-            given = [d for d in imported.sglang.given if d.startswith(prefix) or d == switch]
-            return tuple(Edit(EditKind.DROP, d) for d in given)
+    """Drop the feature KV sharding refuses: its variable, its options (speculative decoding:
+    all of them), the option itself, or the switch that turns it on (HiCache)."""
+    given = imported.sglang.given
+    if field.isupper():
+        return (Edit(EditKind.UNSET_ENV, field),)
+    if field.startswith("speculative_") or field == "enable_multi_layer_eagle":
+        family = [d for d in given if d.startswith("speculative_") or d == field]
+        return tuple(Edit(EditKind.DROP, d) for d in family)
+    if field in given:
+        return (Edit(EditKind.DROP, field),)
+    if field.startswith("hicache_"):
+        family = [d for d in given if d.startswith("hicache_")]
+        return tuple(Edit(EditKind.DROP, d) for d in ("enable_hierarchical_cache", *family))
     if field == "pp_size":
         return drop_given("enable_dynamic_chunking")(imported)
     return ()
@@ -140,6 +144,10 @@ FIELD_FIXES: dict[ProblemCode, dict[str, FieldFix]] = {
             "chunked prefill on, at SGLang's default chunk for this GPU",
         ),
         "enable_prefill_cp": unfixable(lambda v: v is True, "a GQA model needs prefill CP > 1"),
+        "attn_cp_size": unfixable(
+            lambda v: isinstance(v, int) and v > 1,
+            "a GQA model shards over prefill CP > 1 only (cpkv's phases are for MLA models)",
+        ),
         "attn_dp_size": unfixable(
             lambda v: v == 1, "MLA without CP shards over plain TP, without attention DP"
         ),
