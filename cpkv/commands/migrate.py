@@ -14,8 +14,14 @@ import typer
 
 from cpkv.commands.options import JsonOpt
 from cpkv.common.console import BadInput, bad_input_exits, emit, out
-from cpkv.migrate import MigrateOptions, Refusal, migration_json, plan_migration, refusal_json
-from cpkv.migrate.capacity import DEFAULT_GPU_MEM_GIB
+from cpkv.migrate import (
+    DEFAULT_GPU_MEM_GIB,
+    MigrateOptions,
+    Refusal,
+    migration_json,
+    plan_migration,
+    refusal_json,
+)
 from cpkv.render.migrate import render_migration, render_refusal
 
 MigrateFromOpt = Annotated[
