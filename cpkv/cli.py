@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from cpkv.commands import bench, demo, docs, explain, fuzz, pd, plan, trace, verify
+from cpkv.commands import bench, demo, docs, explain, fuzz, migrate, pd, plan, trace, verify
 from cpkv.commands import flags as flag_commands
 from cpkv.commands import phases as phase_command
 from cpkv.common.help_text import tidy_help
@@ -20,7 +20,20 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-COMMANDS = (verify, explain, phase_command, bench, demo, pd, fuzz, flag_commands, plan, trace, docs)
+COMMANDS = (
+    verify,
+    explain,
+    phase_command,
+    bench,
+    demo,
+    pd,
+    fuzz,
+    flag_commands,
+    plan,
+    migrate,
+    trace,
+    docs,
+)
 """Every command module, in the order ``cpkv --help`` lists them."""
 
 for command in COMMANDS:
