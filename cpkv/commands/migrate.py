@@ -43,7 +43,12 @@ MigrateModelOpt = Annotated[
 ]
 MigrateGpuOpt = Annotated[
     float,
-    typer.Option("--gpu-mem-gib", help="GPU memory per rank for the token figures, in GiB."),
+    typer.Option(
+        "--gpu-mem-gib",
+        help="GPU memory per rank for the token figures, in GiB (default: an H200 as SGLang "
+        "reads it, 143,771 MiB).",
+        show_default=False,
+    ),
 ]
 MigrateShadowOpt = Annotated[
     float | None,

@@ -13,9 +13,11 @@ from typing import Any
 from cpkv.plan.capacity import plan_capacity
 from cpkv.plan.inputs import PlanInputs
 from cpkv.plan.sglang import read_sglang_plan
+from flags.sglang.memory import H200_MIB
 
-DEFAULT_GPU_MEM_GIB = 141.0
-"""An H200's memory: SGLang's rules are read as on one Hopper node (H100/H200)."""
+DEFAULT_GPU_MEM_GIB = H200_MIB / 1024
+"""An H200's memory as SGLang reads it (143,771 MiB, 140.40 GiB): the reader resolves SGLang's
+rules as on one H200 node, and ``cpkv plan`` plans that GPU by default."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,7 +143,7 @@ def render_migration(console: Console, document: dict[str, Any]) -> None:
     _line(
         console,
         (f"cpkv migrate: {model} on SGLang {document['sglang_version']}", "bold"),
-        f", {document['gpu_mem_gib']:g} GiB a GPU; the command given runs level {given}",
+        f", {document['gpu_mem_gib']:.4g} GiB a GPU; the command given runs level {given}",
     )
     for note in document["notes"]:
         _line(console, ("note: ", "yellow"), note)
