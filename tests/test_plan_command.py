@@ -339,6 +339,10 @@ def test_from_sglang_follows_the_preset_s_model_rules() -> None:
             "maps to no preset; cpkv plans deepseek-v3.2, glm-5",
         ),
         (
+            ["--model-path", "/mnt/ckpt/my-finetune", "--gpu-mem-gib", "80"],
+            "is not a folder on this machine, so cpkv cannot read its config.json",
+        ),
+        (
             ["--model-path", "meta-llama/Llama-3-8B", "--gpu-mem-gib", "80"],
             "cannot shard meta-llama/Llama-3-8B: it is a grouped-query attention (GQA) model",
         ),

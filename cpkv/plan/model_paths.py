@@ -45,6 +45,12 @@ def preset_for_model_path(model_path: str) -> tuple[str, WeightDtype]:
         return MODEL_PATHS[name]
     presets = ", ".join(p for p in PLAN_PRESETS if p != "tiny")
     known = ", ".join(sorted(MODEL_PATHS))
+    if model_path.startswith(("/", "./", "../", "~")):
+        raise ValueError(
+            f"model path {model_path!r} is not a folder on this machine, so cpkv cannot read "
+            "its config.json as SGLang does on the server; copy the folder's config.json to "
+            f"a folder here and pass that, or pass --model with one of {presets}"
+        )
     raise ValueError(
         f"model path {model_path!r} maps to no preset; cpkv plans {presets} (model paths "
         f"ending in {known}) and MLA checkpoints in a folder with a config.json; pass --model "
