@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-echo "== ruff"; ruff check cpkv_core phases flags cpkv tests
+echo "== ruff"; ruff check cpkv_core phases flags cpkv cpkv_sglang tests
 echo "== mypy"; mypy
 echo "== import layers"; lint-imports
 # NOTE: two workers, one a core: most tests are one Python thread, so the suite runs in a
