@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from cpkv_sglang.targets import Hook
 from flags import PHASE_FIELDS, FlagSet, ResolvedFlags
+from flags.sglang.server_args import SERVER_ARGS_SOURCE
 from phases import PhaseId
 
 __all__ = ["ENGINE_ONLY", "phase_lines", "plugin_refusals", "startup_line"]
@@ -51,7 +52,12 @@ def plugin_refusals(settings: FlagSet, flags: ResolvedFlags) -> list[str]:
         for p in sorted(own.flagged_phases())
         if p in ENGINE_ONLY
     ]
-    if settings.enable_nsa_prefill_cp_shared_kv and not own.enable_nsa_prefill_cp_shared_kv:
+    sharded_by_server = flags.sources["enable_nsa_prefill_cp_shared_kv"].startswith(
+        SERVER_ARGS_SOURCE
+    )
+    if settings.enable_nsa_prefill_cp_shared_kv and not (
+        own.enable_nsa_prefill_cp_shared_kv and sharded_by_server
+    ):
         refusals.append(
             "phase 2 is enabled in cpkv's settings, but here it is SGLang's own KV sharding "
             "and this server runs without it: launch SGLang with --enable-kv-cache-sharding "

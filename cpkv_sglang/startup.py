@@ -75,7 +75,7 @@ def start(server_args: Any) -> Runtime:
     problems += [f"{p} ({p.hint})" if p.hint else str(p) for p in check_flags(flags.flags)]
     problems += plugin_refusals(done.settings.flags, flags)
     problems += [
-        f"hook did not land at {place}: SGLang logged and skipped it"
+        f"a wrapper did not land at {place}: SGLang's call there would bypass cpkv"
         for place in unlanded(done.hooks, done.originals)
     ]
     if problems:

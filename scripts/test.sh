@@ -11,5 +11,7 @@ echo "== import layers"; lint-imports
 # little over half the wall time (CPKV_TEST_WORKERS=0 runs it in this process, for -x or pdb).
 # One torch thread a process: the tiny model's ops gain nothing from a second, and workers and
 # their rank processes each spinning two threads on two cores ran the engine tests 18% slower.
+# loadgroup keeps the SGLang plugin's tests (xdist_group "sglang") on one worker, which imports
+# SGLang once (~12 s of CPU); every other test is dealt as before.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-echo "== pytest"; pytest -n "${CPKV_TEST_WORKERS:-2}" --durations=15 "$@"
+echo "== pytest"; pytest -n "${CPKV_TEST_WORKERS:-2}" --dist loadgroup --durations=15 "$@"

@@ -23,7 +23,7 @@ from cpkv_sglang.cpu.model import TinyCausalLM
 from cpkv_sglang.cpu.server import publish_rank
 from cpkv_sglang.cpu.standins import install_cuda_stream_standin
 
-__all__ = ["PRELOAD", "TailJob", "TailReport", "run_ranks", "tail_rank"]
+__all__ = ["PRELOAD", "TailJob", "TailReport", "run_ranks", "tail_rank", "tail_settings"]
 
 PRELOAD = (
     "cpkv_sglang.cpu.ranks",
@@ -87,7 +87,7 @@ def tail_rank(comm: Communicator, job: TailJob) -> TailReport:
     for name in ("cpkv_sglang", "sglang.srt.plugins"):
         logging.getLogger(name).addHandler(lines)
         logging.getLogger(name).setLevel(logging.INFO)
-    _settings(job.settings)
+    tail_settings(job.settings)
     if job.plugin:
         from sglang.srt.plugins import load_plugins
 
@@ -107,7 +107,7 @@ def tail_rank(comm: Communicator, job: TailJob) -> TailReport:
     return TailReport(comm.rank, results, tuple(lines.lines), _totals())
 
 
-def _settings(settings: tuple[tuple[str, str], ...]) -> None:
+def tail_settings(settings: tuple[tuple[str, str], ...]) -> None:
     """cpkv's settings only from ``settings``: an empty config file, no other ``CPKV_*``."""
     for name in [n for n in os.environ if n.startswith("CPKV_")]:
         del os.environ[name]
