@@ -6,7 +6,9 @@ each fallback keeps the stock gather and says why (jobs in ``sglang_cases``)."""
 from __future__ import annotations
 
 import pytest
-from sglang_cases import (
+
+from cpkv_sglang.cpu.ranks import TailJob, run_ranks
+from tests.sglang_cases import (
     FALLBACKS,
     JOBS,
     MUST_SHOW,
@@ -16,8 +18,6 @@ from sglang_cases import (
     reports,
     same_bits,
 )
-
-from cpkv_sglang.cpu.ranks import TailJob, run_ranks
 
 pytestmark = [pytest.mark.gloo, pytest.mark.xdist_group("sglang")]
 

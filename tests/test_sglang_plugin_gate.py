@@ -7,7 +7,8 @@ gather is caught, phase 1 is killed and the stock rows are served (jobs in ``sgl
 from __future__ import annotations
 
 import pytest
-from sglang_cases import JOBS, NARROW, decisions, reports, same_bits
+
+from tests.sglang_cases import JOBS, NARROW, decisions, reports, same_bits
 
 pytestmark = [pytest.mark.gloo, pytest.mark.xdist_group("sglang")]
 

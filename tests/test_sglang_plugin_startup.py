@@ -8,11 +8,11 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-from sglang_cases import reports, same_bits
 
 from cpkv_sglang.cpu import refusals
 from cpkv_sglang.cpu.refusals import RefusalReport
 from cpkv_sglang.targets import HOOKS, HookGroup
+from tests.sglang_cases import reports, same_bits
 
 pytestmark = [pytest.mark.gloo, pytest.mark.xdist_group("sglang")]
 

@@ -164,3 +164,10 @@ def test_every_hook_names_a_file_of_the_wheel_and_an_implementation() -> None:
         module, _, name = hook.hook.partition(":")
         assert hook.file.startswith("sglang/srt/") and hook.kind in ("AROUND", "AFTER")
         assert module.startswith("cpkv_sglang.") and name.startswith(("around_", "after_"))
+
+
+def test_the_bench_reads_the_result_line_the_plugins_bench_writes() -> None:
+    from cpkv.bench.sglang_plugin import MARKER as READ
+    from cpkv_sglang.cpu.bench import MARKER as WRITTEN
+
+    assert READ == WRITTEN
