@@ -72,6 +72,9 @@ JOBS: dict[str, tuple[str, int, tuple[BatchShape, ...]]] = {
 }
 """Strategy, cp size and batches of each job (run stock and with the plugin)."""
 
+INNER_GATHER = frozenset({"interleave-2", "zigzag-3"})
+"""Jobs whose model body gathers through ``cp_gather_after_forward`` too, before the tail."""
+
 
 @cache
 def reports(
@@ -87,6 +90,7 @@ def reports(
         batches,
         plugin=plugin,
         settings=settings if plugin else (),
+        inner_gather=name in INNER_GATHER,
         corrupt_batch=corrupt_batch,
     )
     return run_ranks(cp_size, job)

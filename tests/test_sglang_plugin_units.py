@@ -8,6 +8,7 @@ import subprocess
 import sys
 import types
 from itertools import accumulate
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -171,3 +172,10 @@ def test_the_bench_reads_the_result_line_the_plugins_bench_writes() -> None:
     from cpkv_sglang.cpu.bench import MARKER as WRITTEN
 
     assert READ == WRITTEN
+
+
+def test_the_plugin_page_names_every_hook_target_with_its_file_in_the_wheel() -> None:
+    page = (Path(__file__).parents[1] / "docs" / "sglang-plugin.md").read_text()
+    for hook in HOOKS:
+        row = f"| `{hook.target.removeprefix('sglang.srt.')}` | {hook.kind} | `{hook.file}` |"
+        assert row in page, hook.target

@@ -22,11 +22,17 @@ __all__ = ["TinyCausalLM"]
 
 
 class _Body(nn.Module):
-    """``h = embed(id) * (1 + position / 1024)``, elementwise, in the embedding's dtype."""
+    """``h = embed(id) * (1 + position / 1024)``, elementwise, in the embedding's dtype.
 
-    def __init__(self, aux: bool) -> None:
+    With ``inner_gather``, a CP forward's body also all-gathers its states through
+    ``cp_gather_after_forward``, as DeepSeek's DSA top-k share does inside the model, and adds
+    a hundredth of their mean to every row: a gather phase 1 must leave whole.
+    """
+
+    def __init__(self, aux: bool, inner_gather: bool) -> None:
         super().__init__()
         self.aux = aux
+        self.inner_gather = inner_gather
 
     def forward(
         self,
@@ -39,6 +45,11 @@ class _Body(nn.Module):
         assert input_embeds is not None, "the CP path hands the body its embeddings"
         scale = positions.to(torch.float32).div(1024.0).add(1.0).to(input_embeds.dtype)
         hidden = input_embeds * scale[:, None]
+        if self.inner_gather and forward_batch.attn_cp_metadata is not None:
+            from sglang.srt.layers.cp.utils import cp_gather_after_forward
+
+            full = cp_gather_after_forward(hidden, forward_batch)
+            hidden = hidden + full.float().mean(0, keepdim=True).div(100).to(hidden.dtype)
         if self.aux:
             return hidden, [hidden * 2]
         return hidden
@@ -55,6 +66,7 @@ class TinyCausalLM(nn.Module):
         dtype: torch.dtype = torch.bfloat16,
         aux: bool = False,
         last_pipeline_rank: bool = True,
+        inner_gather: bool = False,
     ) -> None:
         from sglang.srt.layers.logits_processor import LogitsProcessor
 
@@ -64,7 +76,7 @@ class TinyCausalLM(nn.Module):
         self.embed.weight.data = torch.randn(vocab, hidden, generator=draw).to(dtype)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
         self.lm_head.weight.data = torch.randn(vocab, hidden, generator=draw).to(dtype)
-        self.model = _Body(aux)
+        self.model = _Body(aux, inner_gather)
         self.capture_aux_hidden_states = aux
         self.pp_group = LastPipelineRank(last_pipeline_rank)
         # NOTE: the LM head holds the whole vocabulary on every rank, so no TP logits gather

@@ -55,6 +55,8 @@ class TailJob:
     aux: bool = False
     """The model captures aux hidden states (EAGLE-3 style)."""
     last_pipeline_rank: bool = True
+    inner_gather: bool = False
+    """The model body gathers through ``cp_gather_after_forward`` too (as DSA's top-k share)."""
     corrupt_batch: int = -1
     """The batch whose first gather is corrupted (-1: none)."""
 
@@ -99,6 +101,7 @@ def tail_rank(comm: Communicator, job: TailJob) -> TailReport:
         job.vocab,
         aux=job.aux,
         last_pipeline_rank=job.last_pipeline_rank,
+        inner_gather=job.inner_gather,
     )
     results = tuple(
         run_batch(model, group, shape, seed, seed == job.corrupt_batch)
