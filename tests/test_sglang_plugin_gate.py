@@ -23,6 +23,9 @@ def test_can_apply_its_dsa_copy_and_cpkvs_gate_agree_on_every_batch_and_rank(nam
     stock, plugin = reports(name, False), reports(name, True)
     for s, p in zip(stock, plugin, strict=True):
         assert decisions(p) == decisions(plugin[0]), "every rank decides the same"
+        count = len(JOBS[name][2])
+        assert [r["batch"] for r in decisions(p)] == list(range(count)), "once per batch"
+        assert p.totals.startswith(f"cpkv totals: {count} batches;"), p.totals
         for sr, pr, record in zip(s.results, p.results, decisions(p), strict=True):
             assert record["sglang_split"] == sr.can_apply == sr.split
             assert pr.can_apply == pr.split == record["split"]
