@@ -4,6 +4,7 @@ gate's view of a batch. (SGLang's own code runs in ``test_sglang_plugin*.py``.)"
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -179,3 +180,35 @@ def test_the_plugin_page_names_every_hook_target_with_its_file_in_the_wheel() ->
     for hook in HOOKS:
         row = f"| `{hook.target.removeprefix('sglang.srt.')}` | {hook.kind} | `{hook.file}` |"
         assert row in page, hook.target
+
+
+def test_sglangs_kv_sharding_is_reported_as_phase_2_and_its_nixl_backend_not_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from cpkv_sglang.report import phase_lines, plugin_refusals, startup_line
+    from cpkv_sglang.startup import _split_phase_2
+    from flags import check_flags
+    from flags.sglang.server_args import read_server_args
+
+    for name in [n for n in os.environ if n.startswith("CPKV_")]:
+        monkeypatch.delenv(name)
+    (tmp_path / "cpkv.toml").write_text("")
+    monkeypatch.setenv("CPKV_CONFIG", str(tmp_path / "cpkv.toml"))
+    monkeypatch.setenv("CPKV_ENABLE_NSA_PREFILL_CP_NARROW_OUTPUT", "1")
+    values = {
+        "enable_prefill_cp": True,
+        "cp_strategy": "interleave",
+        "attn_cp_size": 8,
+        "page_size": 64,
+        "enable_kv_cache_sharding": True,
+        "disaggregation_mode": "prefill",
+        "disaggregation_transfer_backend": "nixl",
+    }
+    flags = read_server_args(values)
+    kept, notes = _split_phase_2(check_flags(flags.flags))
+    assert kept == [] and len(notes) == 1 and "phase=2" in notes[0]
+    assert plugin_refusals(flags.flags, flags) == []
+    assert "phases on: 1 (narrow output), 2 (SGLang's KV sharding); cp 8 round-robin-split" in (
+        startup_line(HOOKS, flags)
+    )
+    assert phase_lines(flags)[1].startswith("phase 2 sharded KV: on: SGLang's own")
