@@ -17,6 +17,7 @@ If the ``publish`` hook did not land, the first gate or tail call runs the same 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from cpkv_sglang import runtime as runtime_mod
@@ -24,7 +25,7 @@ from cpkv_sglang.report import phase_lines, plugin_refusals, startup_line
 from cpkv_sglang.runtime import Runtime
 from cpkv_sglang.state import LOG, Refused, installed
 from cpkv_sglang.targets import unlanded
-from flags import FlagError, check_flags
+from flags import FlagError, Problem, ProblemCode, check_flags
 from flags.sglang.server_args import read_server_args
 
 __all__ = ["SCHEDULER_ROLE", "after_publish", "ensure_runtime", "start"]
@@ -72,7 +73,8 @@ def start(server_args: Any) -> Runtime:
         flags = read_server_args(server_args.resolved_dict())
     except FlagError as exc:
         raise Refused(f"cpkv plugin refuses to start: {exc}") from exc
-    problems += [f"{p} ({p.hint})" if p.hint else str(p) for p in check_flags(flags.flags)]
+    found, sglangs = _split_phase_2(check_flags(flags.flags))
+    problems += [f"{p} ({p.hint})" if p.hint else str(p) for p in found]
     problems += plugin_refusals(done.settings.flags, flags)
     problems += [
         f"a wrapper did not land at {place}: SGLang's call there would bypass cpkv"
@@ -80,9 +82,25 @@ def start(server_args: Any) -> Runtime:
     ]
     if problems:
         raise Refused("cpkv plugin refuses to start:\n  " + "\n  ".join(problems))
+    flags = dataclasses.replace(flags, notes=(*flags.notes, *sglangs))
     runtime = runtime_mod.build(flags)
     runtime_mod.set_current(runtime)
     LOG.info("%s", startup_line(done.hooks, flags))
     for line in (*flags.notes, *phase_lines(flags)):
         LOG.info("cpkv: %s", line)
     return runtime
+
+
+def _split_phase_2(problems: list[Problem]) -> tuple[list[Problem], list[str]]:
+    """Phase 2's own contract is cpkv's engine's; inside SGLang, phase 2 is SGLang's KV
+    sharding, which SGLang's rules have already admitted: its problems become notes."""
+    kept, notes = [], []
+    for problem in problems:
+        if problem.code is ProblemCode.STARTUP_CONTRACT and ("phase", 2) in problem.values:
+            notes.append(
+                f"phase 2 is SGLang's KV sharding here; cpkv's engine rule does not apply: "
+                f"{problem}"
+            )
+        else:
+            kept.append(problem)
+    return kept, notes
