@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything cpkv needs, idempotently: Debian libraries for Mooncake's wheel, a
-# virtual environment in .venv, torch as the CPU build, cpkv with its dev tools, and the
-# pinned sglang wheel in .whl/ (read as data, never installed).
+# virtual environment in .venv, torch as the CPU build, cpkv with its dev tools, the pinned
+# sglang wheel in .whl/ (read as data), and SGLang's CP path importable on this CPU (the
+# wheel with --no-deps plus requirements-sglang.txt; CPKV_SKIP_SGLANG=1 skips that step).
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,4 +49,24 @@ if ! compgen -G ".whl/sglang-$SGLANG_VERSION-*.whl" >/dev/null; then
     echo "setup: downloading the sglang==$SGLANG_VERSION wheel into .whl/ (read as data)"
     "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
         --python-version 3.11 --platform manylinux_2_34_x86_64 -d .whl "sglang==$SGLANG_VERSION"
+fi
+
+# NOTE: the plugin's tests run SGLang's own CP code from this wheel on the CPU. Everything is
+# installed with --no-deps: the wheel pins torch 2.14.1 (a CUDA build) and torchvision, and a
+# resolver would replace torch 2.13.0 CPU. requirements-sglang.txt pins what the path imports;
+# the torchvision stand-in (scripts/sglang_standins) goes in only where no torchvision is.
+sglang_stamp="$VENV/.cpkv-sglang-installed"
+if [ "${CPKV_SKIP_SGLANG:-0}" != 1 ] && { [ ! -f "$sglang_stamp" ] \
+    || [ requirements-sglang.txt -nt "$sglang_stamp" ] \
+    || [ -n "$(find scripts/sglang_standins -newer "$sglang_stamp" -type f \
+        -not -path '*/build/*' -not -path '*.egg-info/*' | head -1)" ]; }; then
+    echo "setup: installing sglang==$SGLANG_VERSION (--no-deps) and the packages its CP path imports"
+    pip_quiet=("$VENV/bin/pip" install -q --disable-pip-version-check --no-deps)
+    "${pip_quiet[@]}" -r requirements-sglang.txt
+    if ! "$VENV/bin/python" -c "import importlib.metadata as m; m.version('torchvision')" 2>/dev/null \
+        || "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit('standin' not in m.version('torchvision'))"; then
+        "${pip_quiet[@]}" --no-build-isolation ./scripts/sglang_standins
+    fi
+    "${pip_quiet[@]}" .whl/sglang-"$SGLANG_VERSION"-*.whl
+    touch "$sglang_stamp"
 fi

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +233,23 @@ def test_bench_json_reports_every_figure(tmp_path: Path) -> None:
     assert isinstance(rollback["save_over_step"], float) and rollback["save_over_step"] > 0
     assert rollback["saved_bytes_per_batch"] > 0
     assert_balance_and_round_robin_write_path(doc)
+    assert_sglang_plugin_section(doc["sglang_plugin"])
+
+
+def assert_sglang_plugin_section(figure: dict[str, Any]) -> None:
+    """SGLang's own tail gather at 7,168 x bf16: cp x bs rows with the plugin, every token's
+    row without; skipped only where SGLang's CP path is not installed (never under CI)."""
+    if importlib.util.find_spec("sglang") is None and os.environ.get("CI") != "true":
+        assert figure["skipped"].endswith("section skipped") and figure["rows"] == []
+        return
+    assert figure["skipped"] == "" and figure["logits_bitwise_equal"] is True
+    assert [row["bs"] for row in figure["rows"]] == [1, 2, 4, 8, 16, 32, 64]
+    row_bytes = figure["hidden"] * 2
+    for row in figure["rows"]:
+        assert row["plugin_rows"] == figure["cp_size"] * row["bs"] < row["stock_rows"]
+        assert row["stock_rows"] >= row["tokens"] == row["bs"] * figure["tokens_per_request"]
+        assert row["plugin_bytes"] == row["plugin_rows"] * row_bytes
+        assert row["stock_bytes"] == row["stock_rows"] * row_bytes
 
 
 def assert_balance_and_round_robin_write_path(doc: dict[str, Any]) -> None:

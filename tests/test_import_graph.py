@@ -14,7 +14,7 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("cpkv", "flags", "phases", "cpkv_core")
+PACKAGES = ("cpkv", "cpkv_sglang", "flags", "phases", "cpkv_core")
 MAX_APP_CHAIN = 9
 """Modules in the longest import chain inside ``cpkv/`` (it was 12 before the app was split
 into commands over services)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cpkv.bench.balance import BalanceFigure
@@ -16,6 +16,7 @@ from cpkv.bench.overlap import OverlapFigure
 from cpkv.bench.pd_figure import PdFigure
 from cpkv.bench.peer_read import PeerReadBatch
 from cpkv.bench.rollback import RollbackFigure
+from cpkv.bench.sglang_plugin import SglangPluginFigure
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class BenchReport:
     overlap: OverlapFigure
     rollback: RollbackFigure
     balance: BalanceFigure
+    sglang_plugin: SglangPluginFigure = field(default_factory=SglangPluginFigure)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document of ``cpkv bench --json``."""
@@ -84,5 +86,6 @@ class BenchReport:
             },
             "overlap": self.overlap.to_json(),
             "rollback": self.rollback.to_json(),
+            "sglang_plugin": self.sglang_plugin.to_json(),
             **self.balance.to_json(),
         }

@@ -31,6 +31,7 @@ from cpkv.bench.pd import bench_pd
 from cpkv.bench.peer_read import peer_read_figure
 from cpkv.bench.report import BenchReport
 from cpkv.bench.rollback import rollback_figure
+from cpkv.bench.sglang_plugin import sglang_plugin_figure
 from cpkv.bench.views import materialize_jobs
 from cpkv.run.runner import run_jobs_on_gloo
 from cpkv_core.config import DeploymentConfig, ModelConfig
@@ -90,6 +91,8 @@ def run_bench(
     balance = balance_figure(model, deploy, batches, device, step)
     step(f"PD: {deploy.cp_size} prefill ranks -> decode over Mooncake loopback")
     pd = bench_pd(model, deploy, batches, (0, 2, 5))
+    step(f"sglang_plugin: SGLang's tail gather bytes, stock vs plugin, {deploy.cp_size} CPU ranks")
+    sglang_plugin = sglang_plugin_figure(deploy.cp_size)
     return BenchReport(
         gate=gate,
         host_plan=host_plan,
@@ -109,4 +112,5 @@ def run_bench(
         overlap=overlap_figure(view_runs, deploy.cp_size),
         rollback=rollback,
         balance=balance,
+        sglang_plugin=sglang_plugin,
     )

@@ -12,6 +12,7 @@ from cpkv.render.cp_off import render_cp_off
 from cpkv.render.pd_bench import render_pd_figure
 from cpkv.render.peer_read import render_overlap, render_peer_read
 from cpkv.render.rollback import render_rollback
+from cpkv.render.sglang_plugin import render_sglang_plugin
 from cpkv.render.write_path import write_path_table
 
 
@@ -111,5 +112,6 @@ def render_bench(console: Console, report: BenchReport) -> None:
     render_rollback(console, report.rollback)
     render_balance(console, report.balance)
     render_pd_figure(console, report.pd)
+    render_sglang_plugin(console, report.sglang_plugin)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")

@@ -10,7 +10,6 @@ without tensors.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -18,6 +17,7 @@ from cpkv_core.config import DeploymentConfig
 from cpkv_core.planning import BatchSpec, ScheduledBatch, Scheduler
 from cpkv_core.runtime import ShadowOutcome, ShadowPlan
 from phases import BatchPlan, Gate, PhaseId
+from phases.shadow import sampled
 
 SHADOWED = (
     PhaseId.COMPUTE_OWNER_WRITE,
@@ -27,16 +27,6 @@ SHADOWED = (
 )
 """Phases a shadow comparison checks, highest first (phase 2 changes KV at rest: its
 fallback cannot run on the same pools)."""
-
-
-def sampled(batch: int, rate: float, seed: int) -> bool:
-    """Whether batch ``batch`` is shadowed: a deterministic draw from (seed, batch)."""
-    if rate <= 0.0:
-        return False
-    if rate >= 1.0:
-        return True
-    digest = hashlib.blake2b(f"{seed}:{batch}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") < rate * 2**64
 
 
 @dataclass(frozen=True, slots=True)

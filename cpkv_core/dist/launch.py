@@ -1,10 +1,11 @@
 """Spawn harness: run one function on every rank of a real multi-process torch.distributed group.
 
 ``spawn_group(world_size, fn, args)`` starts ``world_size`` processes with the ``spawn``
-start method, rendezvous them through a ``file://`` store in a fresh temporary directory,
-and calls ``fn(comm, *args)`` on each with a ``TorchDistCommunicator`` over the default
-group. Results come back in rank order. Any failure, early exit or timeout tears every
-process down and raises ``RuntimeError`` naming the rank, so a broken test never hangs.
+start method (or forks them from a fork server that imported ``preload`` once), rendezvous
+them through a ``file://`` store in a fresh temporary directory, and calls ``fn(comm, *args)``
+on each with a ``TorchDistCommunicator`` over the default group. Results come back in rank
+order. Any failure, early exit or timeout tears every process down and raises
+``RuntimeError`` naming the rank, so a broken test never hangs.
 
 A rank that stalls is named too: when a rank reports a ``CollectiveTimeout`` (its group's
 collective timeout ran out), the ranks still running without a word are the ones it waited
@@ -230,6 +231,7 @@ def spawn_group(
     timeout_s: float = 120.0,
     on_progress: Callable[[object], None] | None = None,
     progress_type: Any = None,
+    preload: Sequence[str] = (),
 ) -> list[T]:
     """Runs ``fn(comm, *args)`` on every rank of a fresh ``world_size``-process group.
 
@@ -245,6 +247,9 @@ def spawn_group(
             ``report_progress`` a child makes.
         progress_type: The class of the children's progress messages (with
             ``on_progress``).
+        preload: Modules to import once in a fork server that forks every rank (the
+            ``forkserver`` start method), instead of in each spawned rank: for modules that
+            take seconds to import. The first call of the process fixes the list.
 
     Returns:
         Every rank's result, in rank order.
@@ -265,7 +270,10 @@ def spawn_group(
         raise ValueError("spawn_group: on_progress needs the progress messages' progress_type")
     target, signature = body_target(fn), rank_signature(fn)
     call = encode_frame(args, signature.args)
-    ctx = mp.get_context("spawn")
+    if preload:
+        server = mp.get_context("forkserver")
+        server.set_forkserver_preload(list(preload))
+    ctx = server if preload else mp.get_context("spawn")
     store_dir = tempfile.mkdtemp(prefix="cpkv-spawn-")
     init_method = f"file://{store_dir}/store"
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]

@@ -1,0 +1,1 @@
+"""``torchvision.transforms.v2``: transformers imports its ``functional`` module."""
