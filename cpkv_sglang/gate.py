@@ -72,6 +72,7 @@ def decide(forward_batch: Any, sglang_split: bool) -> tuple[DecisionRecord, Batc
         runtime.take_batch_index(), spec.num_tokens, len(spec.requests), sglang_split, plan
     )
     runtime.totals.count(record)
+    runtime.keep(record)
     LOG.debug("cpkv decision: %s", record.to_json())
     setattr(forward_batch, MEMO_ATTR, (key, record, plan))
     return record, plan

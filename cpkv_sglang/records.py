@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from phases import BatchPlan, PhaseId, ReasonCode
+from phases.decision_log import DecisionRecord
 
 __all__ = ["DecisionRecord", "TailFallback", "Totals", "record_of"]
 
@@ -28,37 +28,6 @@ class TailFallback:
     ALL_POSITIONS = "ALL_POSITIONS"
     """The logits processor reads other positions than the last: multi-item or setwise
     scoring, diffusion LLM extend, LayerNorm SP's exit gather."""
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionRecord:
-    """The gate's decision for one SGLang forward batch."""
-
-    batch: int
-    """Index of the batch among those this process decided (the same on every CP rank)."""
-    tokens: int
-    requests: int
-    sglang_split: bool
-    """SGLang's own rule (``can_apply``) splits the batch."""
-    split: bool
-    """The batch runs split: SGLang's rule, and then cpkv's CP-off minimum, allow it."""
-    phase: int
-    """The highest phase active for the batch (0: none)."""
-    reasons: tuple[str, ...]
-    """``CP_OFF ...`` when unsplit, then ``N:REASON ...`` for every phase the plugin runs
-    that is enabled but inactive."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The record as plain data (one line of a decision log)."""
-        return {
-            "batch": self.batch,
-            "tokens": self.tokens,
-            "requests": self.requests,
-            "sglang_split": self.sglang_split,
-            "split": self.split,
-            "phase": self.phase,
-            "reasons": list(self.reasons),
-        }
 
 
 def record_of(

@@ -6,10 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cpkv_core.config import DeploymentConfig
+from cpkv_sglang.decision_file import DecisionFile
 from cpkv_sglang.records import PLUGIN_PHASES, Totals
 from cpkv_sglang.state import LOG
 from flags import ResolvedFlags
 from phases import Gate, PhaseId
+from phases.decision_log import DecisionRecord, TailRecord
 
 __all__ = ["LOG_EVERY", "Runtime", "build", "current", "set_current"]
 
@@ -32,6 +34,14 @@ class Runtime:
     totals: Totals = field(default_factory=Totals)
     next_batch: int = 0
     """Index the next decided forward batch gets."""
+    decision_file: DecisionFile | None = None
+    """Where each decision and tail gather is appended (``CPKV_DECISION_LOG``); None: not
+    kept."""
+
+    def keep(self, record: DecisionRecord | TailRecord) -> None:
+        """Appends ``record`` to the decision log, when one is kept."""
+        if self.decision_file is not None:
+            self.decision_file.write(record)
 
     @property
     def narrow_on(self) -> bool:
@@ -53,7 +63,9 @@ def build(flags: ResolvedFlags) -> Runtime:
     deploy = flags.flags.deployment()
     enabled = flags.flags.enabled_phases() & PLUGIN_PHASES
     gate = Gate(enabled, deploy, ceiling=flags.flags.max_phase)
-    return Runtime(flags, deploy, gate, flags.flags.shadow_rate)
+    log = flags.flags.decision_log
+    decision_file = None if log is None else DecisionFile(log)
+    return Runtime(flags, deploy, gate, flags.flags.shadow_rate, decision_file=decision_file)
 
 
 _CURRENT: Runtime | None = None

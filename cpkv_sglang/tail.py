@@ -28,13 +28,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cpkv_sglang.gate import decide
+from cpkv_sglang.gate import MEMO_ATTR, decide
 from cpkv_sglang.narrow import last_rows_of_full, narrow_gather, places_of
 from cpkv_sglang.records import TailFallback
 from cpkv_sglang.runtime import Runtime
 from cpkv_sglang.startup import ensure_runtime
 from cpkv_sglang.state import LOG
 from phases import PhaseId
+from phases.decision_log import TailRecord
 from phases.shadow import sampled
 
 __all__ = [
@@ -75,7 +76,7 @@ def around_execute_extend_cp(
     finally:
         _SLOT.reset(token)
     if not slot.done and not model.pp_group.is_last_rank:
-        _count_stock(ensure_runtime(), TailFallback.PP_NOT_LAST)
+        _count_stock(ensure_runtime(), TailFallback.PP_NOT_LAST, _batch_of(forward_batch))
     return result
 
 
@@ -117,7 +118,7 @@ def around_gather_after_forward(orig: Callable[..., Any], *args: Any, **kwargs: 
     runtime = ensure_runtime()
     reason = _fallback(x, slot)
     if reason is not None:
-        _count_stock(runtime, reason)
+        _count_stock(runtime, reason, _batch_of(forward_batch))
         return orig(*args, **kwargs)
     from sglang.srt.layers.cp.base import get_cp_strategy
     from sglang.srt.runtime_context import get_parallel
@@ -129,11 +130,14 @@ def around_gather_after_forward(orig: Callable[..., Any], *args: Any, **kwargs: 
     decided = decide(forward_batch, True)
     assert decided is not None, "a batch without a decision took phase 1"
     batch = decided[0].batch
+    shadow = None
     if sampled(batch, runtime.shadow_rate, runtime.shadow_seed):
         full = orig(*args, **kwargs)
         if not _shadow_agrees(runtime, rows, full, forward_batch, batch):
             return full
+        shadow = "agreed"
     runtime.totals.tail["narrow"] += 1
+    runtime.keep(TailRecord(batch, "narrow", None, shadow))
     slot.narrow = rows
     return rows
 
@@ -154,7 +158,7 @@ def _shadow_agrees(
         "phase 1 is killed for the rest of the run; the stock rows are served",
         batch,
     )
-    _count_stock(runtime, "SHADOW_MISMATCH")
+    _count_stock(runtime, "SHADOW_MISMATCH", batch, "mismatched")
     return False
 
 
@@ -164,9 +168,19 @@ def _bitwise_equal(a: Tensor, b: Tensor) -> bool:
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-def _count_stock(runtime: Runtime, reason: str) -> None:
+def _count_stock(
+    runtime: Runtime, reason: str, batch: int | None, shadow: str | None = None
+) -> None:
     runtime.totals.tail["stock"] += 1
     runtime.totals.tail[f"stock:{reason}"] += 1
+    if batch is not None:
+        runtime.keep(TailRecord(batch, "stock", reason, shadow))
+
+
+def _batch_of(forward_batch: Any) -> int | None:
+    """The index the gate gave this batch, or None when it could not read it."""
+    memo = getattr(forward_batch, MEMO_ATTR, None)
+    return None if memo is None else int(memo[1].batch)
 
 
 def _fallback(x: Any, slot: _Slot) -> str | None:

@@ -80,6 +80,9 @@ class FlagSet(BaseModel):
     """Environment only: runtime invariant checks; they may synchronise, so not for benchmarks."""
     max_phase: int | None = None
     """Environment only: kill switch, no phase above this number is active (0..5; unset = none)."""
+    decision_log: str | None = None
+    """Environment only: the SGLang plugin appends its batch decisions here (JSON Lines; {rank}
+    is the rank, else rank 0 writes); cpkv explain --decision-log reads it."""
 
     def phase_flag(self, phase: PhaseId) -> bool:
         """True when ``phase``'s own flag is on (whether or not CP is on)."""
@@ -176,7 +179,11 @@ class FlagSpec:
 ENV_PREFIX = "CPKV_"
 """Prefix of the environment variable of every server flag: ``CPKV_`` + the field upper-cased."""
 
-_ENV_ONLY = {"debug_cp_shared_kv": "SGLANG_DEBUG_CP_SHARED_KV", "max_phase": "CPKV_MAX_PHASE"}
+_ENV_ONLY = {
+    "debug_cp_shared_kv": "SGLANG_DEBUG_CP_SHARED_KV",
+    "max_phase": "CPKV_MAX_PHASE",
+    "decision_log": "CPKV_DECISION_LOG",
+}
 
 
 def _spec(field: str, help_text: str | None) -> FlagSpec:

@@ -12,7 +12,9 @@ import importlib.util
 import json
 import os
 import random
+import tempfile
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,6 +78,15 @@ INNER_GATHER = frozenset({"interleave-2", "zigzag-3"})
 """Jobs whose model body gathers through ``cp_gather_after_forward`` too, before the tail."""
 
 
+DECISION_LOGS = Path(tempfile.mkdtemp(prefix="cpkv-decision-logs-"))
+"""Where each plugin job's ranks keep their decision logs (``CPKV_DECISION_LOG``)."""
+
+
+def decision_log(name: str, rank: int) -> Path:
+    """The decision log rank ``rank`` of plugin job ``name`` wrote."""
+    return DECISION_LOGS / f"{name}-{rank}.jsonl"
+
+
 @cache
 def reports(
     name: str,
@@ -85,6 +96,9 @@ def reports(
 ) -> list[TailReport]:
     """Every rank's report of job ``name``, stock or with the plugin and ``settings``."""
     strategy, cp_size, batches = JOBS[name]
+    if plugin and settings == NARROW and corrupt_batch < 0:
+        log = ("CPKV_DECISION_LOG", str(DECISION_LOGS / f"{name}-{{rank}}.jsonl"))
+        settings = (*settings, log)
     job = TailJob(
         strategy,
         batches,

@@ -5,8 +5,13 @@ each fallback keeps the stock gather and says why (jobs in ``sglang_cases``)."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from click.testing import CliRunner
+from typer.main import get_command
+
+from cpkv.cli import app as cli_app
 from cpkv_sglang.cpu.ranks import TailJob, run_ranks
 from tests.sglang_cases import (
     FALLBACKS,
@@ -14,6 +19,7 @@ from tests.sglang_cases import (
     JOBS,
     MUST_SHOW,
     NARROW,
+    decision_log,
     decisions,
     random_batches,
     reports,
@@ -91,3 +97,21 @@ def test_aux_states_and_a_middle_pipeline_rank_keep_the_stock_path(
                 assert result.gathered_rows == (), "a middle stage hands its rows on ungathered"
             else:
                 assert min(result.gathered_rows) >= shape.num_tokens, "stock: every row"
+
+
+@pytest.mark.parametrize("name", ["interleave-4", "zigzag-4"])
+def test_the_decision_log_holds_every_batch_and_explain_reads_it(name: str) -> None:
+    """``CPKV_DECISION_LOG`` keeps each rank's decisions and tail gathers; ``cpkv explain
+    --decision-log`` gives them back with the totals of the plugin's log line."""
+    for rank, report in enumerate(reports(name, True)):
+        args = ["explain", str(decision_log(name, rank)), "--decision-log", "--json"]
+        result = CliRunner().invoke(get_command(cli_app), args)
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.stdout)
+        logged = [{k: v for k, v in b.items() if k != "tail"} for b in document["batches"]]
+        assert logged == decisions(report)
+        totals = document["totals"]
+        tail = report.totals.split("tail: ", 1)[1].split(";", 1)[0]
+        assert tail == ", ".join(f"{code} {n}" for code, n in totals["tail"].items())
+        by_phase = sorted(totals["batches_by_phase"].items(), reverse=True)
+        assert "phase " + ", ".join(f"{p}: {n}" for p, n in by_phase) + ";" in report.totals

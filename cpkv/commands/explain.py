@@ -19,11 +19,21 @@ from cpkv.commands.options import (
 )
 from cpkv.common.console import BadInput, bad_input_exits, emit, out, warn
 from cpkv.render.batches import render_explain, render_explain_batch
+from cpkv.render.decision_log import render_decision_log, render_decision_totals
 from cpkv.render.reports import render_explain_summary
+from cpkv.run.decision_log import read_decision_log
 from cpkv.run.explain import explain_trace, parse_killed
 from cpkv_core.planning import BatchSpec
 from cpkv_core.traces import load_trace
 
+DecisionLogOpt = Annotated[
+    bool,
+    typer.Option(
+        "--decision-log",
+        help="TRACE is a decision log the SGLang plugin wrote (CPKV_DECISION_LOG): show its "
+        "batches and totals (the run options do not apply).",
+    ),
+]
 SummaryOpt = Annotated[
     bool, typer.Option("--summary", help="Only the phase mix, not every batch's plan.")
 ]
@@ -50,11 +60,16 @@ def explain_command(
     summary: SummaryOpt = False,
     batch: BatchOpt = None,
     killed: KilledOpt = None,
+    decision_log: DecisionLogOpt = False,
     as_json: JsonOpt = False,
     out_dir: Annotated[Path | None, out_option("explain.json and phases-by-batch.png")] = None,
 ) -> None:
     """The gate's BatchPlan for every batch of TRACE, with reasons, and the phase mix: the
-    share of batches and tokens per phase, and fallback reasons counted by code."""
+    share of batches and tokens per phase, and fallback reasons counted by code. With
+    --decision-log, the decisions a server's SGLang plugin logged instead."""
+    if decision_log:
+        _explain_decision_log(trace_path, summary, batch, as_json)
+        return
     with bad_input_exits():
         settings = run.settings()
         trace = load_trace(trace_path, settings.deploy.page_size)
@@ -78,6 +93,22 @@ def explain_command(
 
         documents = {"explain": report.to_json()}
         print_written(write_outputs(out_dir, "explain", documents, EXPLAIN_FIGURES))
+
+
+def _explain_decision_log(path: Path, summary: bool, batch: int | None, as_json: bool) -> None:
+    with bad_input_exits():
+        report = read_decision_log(path)
+        if batch is not None:
+            numbers = [logged.decision.batch for logged in report.batches]
+            if batch not in numbers:
+                held = f"batches {numbers[0]}-{numbers[-1]}" if numbers else "no batch"
+                raise BadInput(f"--batch {batch}: the log has {held}")
+            logged = report.batches[numbers.index(batch)]
+    if batch is not None:
+        emit(as_json, logged.to_json(), lambda: out.print_json(data=logged.to_json()))
+        return
+    render = render_decision_totals if summary else render_decision_log
+    emit(as_json, report.to_json(summary_only=summary), lambda: render(out, report))
 
 
 def batch_index(batches: tuple[BatchSpec, ...], number: int) -> int:
