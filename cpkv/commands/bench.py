@@ -87,8 +87,8 @@ RowsThreadsOpt = Annotated[
         min=0,
         metavar="N",
         help="With --rows: torch threads of the run (0: torch's default, one a core). With "
-        "1 each op runs on one thread and is timed on its CPU time, steady on a machine "
-        "other work shares.",
+        "1 (the default) each op and its copy run on one thread, timed round by round on "
+        "its CPU time, steady on a machine other work shares; with more, on the wall clock.",
     ),
 ]
 
@@ -105,7 +105,7 @@ def bench_command(
     rows: RowsOpt = None,
     rows_grid: RowsGridOpt = "full",
     kv_cache_dtype: RowsKvDtypeOpt = "auto",
-    rows_threads: RowsThreadsOpt = 0,
+    rows_threads: RowsThreadsOpt = 1,
 ) -> None:
     """Performance figures, measured side by side in one run: bytes counted exactly, times as
     medians after a warm-up, headline figures as ratios. With --device meta, a dry run of
