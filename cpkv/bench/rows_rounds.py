@@ -9,7 +9,8 @@ op and then the copy of its bytes (op, copy, op, copy ...), on one clock.
   (``cuda-events``), every round queued without a host sync; the host waits once after the
   first round (its time sets the number of rounds) and once after the last.
 - **Rounds.** At least ``repeats``, more for a short op, up to ``MAX_REPEATS`` or about
-  ``ROUND_BUDGET_S`` of rounds. On the CPU a round whose op faulted fresh memory in
+  ``ROUND_BUDGET_S`` of rounds on the clock (as many rounds on a loaded machine as on an
+  idle one). On the CPU a round whose op faulted fresh memory in
   (``rows_measure.faulted``) is set aside and run again, up to as many extra rounds as were
   asked for: it timed glibc's placement, which a device's caching allocator does not do.
 - **Figures** (``Timing``): the ratio of the copy's median round to the op's, and its spread,
@@ -160,7 +161,8 @@ def _cpu_timing(
         pair = (op, _timed(copy, clock))
         (set_aside if faulted(round_faults, nbytes, device) else clean).append(pair)
         if len(clean) + len(set_aside) == 1:
-            rounds = _round_count(repeats, op[1] + pair[1][1])
+            # NOTE: on the run's clock, so a loaded machine's run takes as many rounds.
+            rounds = _round_count(repeats, op[0] + pair[1][0])
     used = clean if len(clean) == rounds else clean + set_aside
     walls = Timing(tuple(o[1] for o, _ in used), tuple(c[1] for _, c in used))
     return Timing(
