@@ -23,7 +23,7 @@ from cpkv_core.planning import (
     pages_for_trace,
 )
 from cpkv_core.runtime import expand, upload
-from cpkv_core.runtime.kv_pool import LatentStorage, copy_rows_, select_rows
+from cpkv_core.runtime.kv_pool import LatentStorage, copy_rows_
 from tests.conftest import make_deploy
 
 
@@ -51,35 +51,6 @@ def test_row_copy_is_bitwise_for_every_byte_pattern(dtype: torch.dtype, width: i
     expected[index] = rows.view(torch.uint8).reshape(10, -1)
     copy_rows_(dest, index, rows)
     assert torch.equal(dest.view(torch.uint8).view(40, -1), expected)
-
-
-@pytest.mark.parametrize(
-    ("dtype", "width"),
-    [
-        (torch.bfloat16, 576),
-        (torch.uint8, 656),
-        (torch.float8_e4m3fn, 128),
-        (torch.float32, 48),
-        (torch.float32, 1),
-        (torch.uint8, 3),
-    ],
-)
-def test_row_select_is_bitwise_for_every_byte_pattern(dtype: torch.dtype, width: int) -> None:
-    """Random bytes (NaN and signalling-NaN patterns among them) come out unchanged, in the
-    rows' dtype and shape, into a new tensor and into ``out``."""
-    gen = torch.Generator().manual_seed(width)
-    shape = (40, width) if width > 1 else (40,)
-    nbytes = torch.Size(shape).numel() * dtype.itemsize
-    rows = torch.randint(0, 256, (nbytes,), generator=gen, dtype=torch.uint8)
-    rows = rows.view(dtype).view(shape)
-    index = torch.tensor([3, 7, 0, 39, 20, 21, 22, 5, 6, 38, 3])
-    expected = rows.view(torch.uint8).view(40, -1)[index]
-    picked = select_rows(rows, index)
-    out = torch.empty((11, *shape[1:]), dtype=dtype)
-    assert select_rows(rows, index, out) is out
-    for got in (picked, out):
-        assert (got.dtype, tuple(got.shape)) == (dtype, (11, *shape[1:]))
-        assert torch.equal(got.view(torch.uint8).view(11, -1), expected)
 
 
 @pytest.mark.parametrize(

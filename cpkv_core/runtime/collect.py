@@ -16,7 +16,7 @@ from torch import Tensor
 from cpkv_core.dist.comm import Communicator
 from cpkv_core.planning import HostPlan, OutputStrategy
 from cpkv_core.runtime.device_plan import BatchTensors
-from cpkv_core.runtime.kv_pool import KVRows, select_rows
+from cpkv_core.runtime.kv_pool import KVRows
 
 __all__ = [
     "COLLECTORS",
@@ -43,7 +43,7 @@ def all_gather_tokens(
     if pad_rows:
         local = torch.cat([local, local.new_zeros((pad_rows, *local.shape[1:]))])
     stacked = comm.all_gather(local, tag)  # [cp_size, max_local, ...]
-    return select_rows(stacked.flatten(0, 1), tensors.gather_index)
+    return stacked.flatten(0, 1).index_select(0, tensors.gather_index)
 
 
 def gather_current(

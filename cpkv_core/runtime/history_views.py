@@ -33,7 +33,7 @@ from cpkv_core.dist.comm import Communicator, GatherHandle
 from cpkv_core.planning.host_plan import HostPlan, KeySource
 from cpkv_core.runtime.device_plan import BatchTensors
 from cpkv_core.runtime.kv_access import MATERIALIZE_TAG
-from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, select_rows
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 
 __all__ = ["HistoryViews"]
 
@@ -132,7 +132,7 @@ class HistoryViews:
             for owner, ranks_layers in enumerate(self.peers):
                 start, end = view.owner_rows[owner], view.owner_rows[owner + 1]
                 source = _raw(getattr(ranks_layers[layer], f))
-                select_rows(source, rows[start:end], out[start:end])
+                torch.index_select(source, 0, rows[start:end], out=out[start:end])
 
     def start(self, layer: int) -> None:
         """Starts fetching ``layer``'s history view (no-op past the last layer or when

@@ -22,12 +22,11 @@ class KVRows:
         return int(self.latent.shape[0])
 
     def select(self, index: Tensor) -> KVRows:
-        """The rows at ``index [m]`` (an int64 tensor on the rows' device), bit for bit
-        (``select_rows``)."""
+        """The rows at ``index [m]`` (an int64 tensor on the rows' device)."""
         return KVRows(
-            select_rows(self.latent, index),
-            select_rows(self.index_k, index),
-            select_rows(self.index_k_scale, index),
+            self.latent.index_select(0, index),
+            self.index_k.index_select(0, index),
+            self.index_k_scale.index_select(0, index),
         )
 
 
@@ -109,33 +108,6 @@ def copy_rows_(dest: Tensor, index: Tensor, rows: Tensor) -> None:
         dest.view(torch.uint8).index_copy_(0, index, rows.view(torch.uint8))
     else:
         dest.index_copy_(0, index, rows)
-
-
-def select_rows(rows: Tensor, index: Tensor, out: Tensor | None = None) -> Tensor:
-    """``rows.index_select(0, index)`` (into ``out`` when given), bit for bit, as a copy of
-    wide words.
-
-    ``index_select`` on the CPU moves a bf16 row two bytes a step: 1,152-byte rows ran at
-    about half the rate of the same rows viewed as 16-byte words (``_words``). Tensors with
-    no such view are selected as they are (float8 as its bytes: ``index_select(out=)`` has
-    no float8 kernel).
-    """
-    words = _words(rows)
-    if out is None:
-        picked = words.index_select(0, index)
-        if picked.dtype == rows.dtype:
-            return picked
-        if rows.element_size() == 1:
-            return picked.view(torch.uint8).view(rows.dtype)
-        return picked.view(rows.dtype)
-    out_words = _words(out)
-    if out_words.dtype == words.dtype and out_words.shape[1:] == words.shape[1:]:
-        torch.index_select(words, 0, index, out=out_words)
-    elif rows.element_size() == 1:
-        torch.index_select(rows.view(torch.uint8), 0, index, out=out.view(torch.uint8))
-    else:
-        torch.index_select(rows, 0, index, out=out)
-    return out
 
 
 def index_k_torch_dtype(dtype: IndexKDtype) -> torch.dtype:
