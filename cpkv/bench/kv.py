@@ -242,7 +242,11 @@ def _trace_seconds(run: LevelRun) -> float:
     return sum(max(p.seconds for p in pieces) for pieces in run.rank_outputs)
 
 
-def step_time_job(
+WARM_UP_BATCHES = 2
+"""Batches of the trace every level runs once before the timed rounds (``step_time_jobs``)."""
+
+
+def step_time_jobs(
     model: ModelConfig,
     deploy: DeploymentConfig,
     batches: Sequence[BatchSpec],
@@ -250,21 +254,22 @@ def step_time_job(
     repeats: int,
     debug_checks: bool = False,
     device: str = "cpu",
-) -> RankJob:
-    """Every level once to warm up, then ``repeats`` rounds of every level, interleaved; for
-    the bench's one gloo group (``run_jobs_on_gloo``)."""
-    rounds = tuple(levels) * (repeats + 1)
-    return _job(model, deploy, batches, rounds, debug_checks, device)
+) -> list[RankJob]:
+    """A warm-up, every level once on the trace's first ``WARM_UP_BATCHES`` batches; then
+    ``repeats`` rounds of every level, interleaved; for the bench's one gloo group
+    (``run_jobs_on_gloo``)."""
+    warm = _job(model, deploy, batches[:WARM_UP_BATCHES], levels, debug_checks, device)
+    timed = _job(model, deploy, batches, tuple(levels) * repeats, debug_checks, device)
+    return [warm, timed]
 
 
 def step_times(
     levels: Sequence[int], repeats: int, runs: Sequence[LevelRun]
 ) -> tuple[list[StepTime], list[LevelRun]]:
-    """The times of :func:`step_time_job`'s ``runs``, and the last round's runs."""
+    """The times of the timed job of :func:`step_time_jobs` (its ``runs``), and the last
+    round's runs."""
     per_level = {
-        level: statistics.median(
-            _trace_seconds(runs[r * len(levels) + i]) for r in range(1, repeats + 1)
-        )
+        level: statistics.median(_trace_seconds(runs[r * len(levels) + i]) for r in range(repeats))
         for i, level in enumerate(levels)
     }
     base = per_level[levels[0]]

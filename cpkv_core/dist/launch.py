@@ -1,7 +1,8 @@
 """Spawn harness: run one function on every rank of a real multi-process torch.distributed group.
 
 ``spawn_group(world_size, fn, args)`` starts ``world_size`` processes with the ``spawn``
-start method, rendezvous them through a ``file://`` store in a fresh temporary directory,
+start method (forked from a server that imported torch once, inside
+``start_method.forked_ranks``), rendezvous them through a ``file://`` store in a fresh temporary directory,
 and calls ``fn(comm, *args)`` on each with a ``TorchDistCommunicator`` over the default
 group. Results come back in rank order. Any failure, early exit or timeout tears every
 process down and raises ``RuntimeError`` naming the rank, so a broken test never hangs.
@@ -39,6 +40,7 @@ from cpkv_core.dist.rank_child import ERROR, PROGRESS, RESULT, ProgressEvent, ch
 from cpkv_core.dist.rank_child import progress_to as progress_to
 from cpkv_core.dist.rank_child import report_progress as report_progress
 from cpkv_core.dist.rank_errors import RankError, RankFailed
+from cpkv_core.dist.start_method import rank_context
 from cpkv_core.dist.typed.frames import FrameError, decode_frame, encode_frame
 
 __all__ = [
@@ -265,7 +267,7 @@ def spawn_group(
         raise ValueError("spawn_group: on_progress needs the progress messages' progress_type")
     target, signature = body_target(fn), rank_signature(fn)
     call = encode_frame(args, signature.args)
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     store_dir = tempfile.mkdtemp(prefix="cpkv-spawn-")
     init_method = f"file://{store_dir}/store"
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
