@@ -78,6 +78,16 @@ def test_only_refuses_a_section_that_is_none_naming_the_sections() -> None:
     assert rows.exit_code == 2 and "--rows has none" in rows.stderr
 
 
+def test_text_output_prints_the_tables_of_the_sections_run() -> None:
+    result = runner.invoke(app, ["bench", "--only", "host_plan,gate"])
+    assert result.exit_code == 0, result.output
+    assert "gate decision time per batch" in result.stdout
+    assert "host plan of one rank per batch" in result.stdout
+    assert "phase 2: persistent KV per rank" not in result.stdout
+    # NOTE: the table's order, whatever the order named
+    assert result.stderr.index("bench: gate") < result.stderr.index("bench: host_plan")
+
+
 def test_in_process_sections_report_their_figures(tmp_path: Path) -> None:
     names = ["gate", "host_plan", "remaps", "rollback", "tail_bytes", "kv_share", "balance"]
     doc, _ = run_sections(names, tmp_path)
