@@ -88,7 +88,7 @@ def test_text_output_prints_the_tables_of_the_sections_run() -> None:
     assert result.stderr.index("bench: gate") < result.stderr.index("bench: host_plan")
 
 
-def test_in_process_sections_report_their_figures(tmp_path: Path) -> None:
+def test_host_and_byte_sections_report_their_figures(tmp_path: Path) -> None:
     names = ["gate", "host_plan", "remaps", "rollback", "tail_bytes", "kv_share", "balance"]
     doc, _ = run_sections(names, tmp_path)
     assert {"gate-time", "remap-view-bytes"} <= pngs(tmp_path)

@@ -122,26 +122,32 @@ def _job(
     )
 
 
+def kv_share_job(
+    model: ModelConfig, batches: Sequence[BatchSpec], page_size: int, cp_size: int
+) -> RankJob:
+    """``batches`` at levels 0 and 2 on ``cp_size`` ranks, for ``kv_share_row``."""
+    return _job(model, DeploymentConfig(cp_size=cp_size, page_size=page_size), batches, (0, 2))
+
+
+def kv_share_row(job: RankJob, runs: Sequence[LevelRun]) -> KvShare:
+    """Each rank's KV bytes after the last batch of ``kv_share_job``'s runs."""
+    replicated, sharded = runs
+    deploy = job.deploy
+    return KvShare(
+        cp_size=deploy.cp_size,
+        requests=len({req.rid for batch in job.batches for req in batch.requests}),
+        replicated_bytes=replicated.rank_outputs[-1][0].kv_bytes,
+        sharded_bytes_by_rank=tuple(p.kv_bytes for p in sharded.rank_outputs[-1]),
+        page_bytes=kv_bytes_per_page(job.model, deploy.index_k_dtype, deploy.page_size),
+    )
+
+
 def bench_kv_share(
     model: ModelConfig, batches: Sequence[BatchSpec], page_size: int, cp_sizes: Sequence[int]
 ) -> list[KvShare]:
     """Runs ``batches`` at levels 0 and 2 per CP size on the in-process group."""
-    rows = []
-    requests = len({req.rid for batch in batches for req in batch.requests})
-    for cp_size in cp_sizes:
-        deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
-        replicated, sharded = run_levels(_job(model, deploy, batches, (0, 2)), Backend.LOCAL)
-        page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, page_size)
-        rows.append(
-            KvShare(
-                cp_size=cp_size,
-                requests=requests,
-                replicated_bytes=replicated.rank_outputs[-1][0].kv_bytes,
-                sharded_bytes_by_rank=tuple(p.kv_bytes for p in sharded.rank_outputs[-1]),
-                page_bytes=page_bytes,
-            )
-        )
-    return rows
+    jobs = [kv_share_job(model, batches, page_size, cp) for cp in cp_sizes]
+    return [kv_share_row(job, run_levels(job, Backend.LOCAL)) for job in jobs]
 
 
 def materialized_bytes(

@@ -33,8 +33,9 @@ from cpkv.bench.cp_off import (
 )
 from cpkv.bench.host import bench_gate, bench_host_plan, bench_tail_bytes
 from cpkv.bench.kv import (
-    bench_kv_share,
     bench_remaps,
+    kv_share_job,
+    kv_share_row,
     materialized_bytes,
     page_balance,
     step_time_jobs,
@@ -45,7 +46,8 @@ from cpkv.bench.pd import PdPart
 from cpkv.bench.peer_read import peer_read_figure
 from cpkv.bench.rollback import rollback_figure
 from cpkv.bench.views import materialize_jobs
-from cpkv.run.jobs import LevelRun, RankJob
+from cpkv.run.jobs import Backend, LevelRun, RankJob
+from cpkv.run.runner import run_levels
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import kv_bytes_per_page
@@ -158,9 +160,20 @@ def _tail_bytes(inputs: BenchInputs) -> Figures:
     return {"tail_bytes": bench_tail_bytes(inputs.model)}
 
 
-def _kv_share(inputs: BenchInputs) -> Figures:
-    share = bench_kv_share(inputs.model, inputs.batches, inputs.deploy.page_size, (2, 4, 8))
-    return {"kv_share": share}
+KV_SHARE_CP_SIZES = (2, 4, 8)
+"""The CP sizes of ``kv_share``: those up to the deployment's on the gloo group, the rest on
+in-process ranks (a group sized for them would start ranks only they use)."""
+
+
+def _kv_share(inputs: BenchInputs) -> SectionGenerator:
+    page_size, cp = inputs.deploy.page_size, inputs.deploy.cp_size
+    jobs = [kv_share_job(inputs.model, inputs.batches, page_size, n) for n in KV_SHARE_CP_SIZES]
+    alone = {j.deploy.cp_size: j for j in jobs if j.deploy.cp_size > cp}
+    rows = {n: kv_share_row(job, run_levels(job, Backend.LOCAL)) for n, job in alone.items()}
+    grouped = [job for job in jobs if job.deploy.cp_size <= cp]
+    runs = yield grouped
+    rows |= {job.deploy.cp_size: kv_share_row(job, r) for job, r in zip(grouped, runs, strict=True)}
+    return {"kv_share": [rows[n] for n in KV_SHARE_CP_SIZES]}
 
 
 def _remaps(inputs: BenchInputs) -> Figures:
@@ -236,7 +249,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("rollback", "rollback save copy vs batch time, levels 0/2/5", _rollback),
     Section("pd", "PD over Mooncake loopback: levels 0/2/5, decode cp 1/N/M", _pd),
     Section("tail_bytes", "phase-1 tail bytes", _tail_bytes),
-    Section("kv_share", "per-rank KV bytes, cp 2/4/8, in-process ranks", _kv_share),
+    Section("kv_share", "per-rank KV bytes, cp 2/4/8", _kv_share),
     Section("balance", "split balance of the synth presets, round-robin write path", _balance),
     Section("step_time", "step time of levels 0-5 and their bytes, gloo ranks", _step_time),
     Section("cp_off", "CP off: bytes and step time by batch size, gloo ranks", _cp_off),
