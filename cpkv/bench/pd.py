@@ -109,6 +109,8 @@ def warm_up_trace(deploy: DeploymentConfig) -> tuple[BatchSpec, ...]:
     """One batch of one request whose pages reach every prefill owner and every decode
     rank: a job's warm-up, which opens the transfer sessions of its prefill and decode
     ranks and starts their writers (a run of the whole trace did no more)."""
+    # NOTE: 2 x cp segments of dcp pages: under the page-aligned zigzag each rank computes
+    # (and owns) two segments, each reaching every decode rank (page p is rank p % dcp's).
     pages = 2 * deploy.cp_size * max(1, deploy.decode_cp_size)
     return (BatchSpec(0, (RequestSpec("warm-up", 0, pages * deploy.page_size),)),)
 
