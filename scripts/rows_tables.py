@@ -117,7 +117,9 @@ def projection_table(doc: dict[str, Any]) -> str:
     head = ["bs", "cp", "level 0 (s)", "level 1", "levels 2-4, unique", "level 5, unique"]
     head += ["level 5, slot", "level 5, peer-read"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    at = {(r["bs"], r["cp_size"], r["read"], r["level"]): r for r in rows if r["history"] == longest}
+    at = {
+        (r["bs"], r["cp_size"], r["read"], r["level"]): r for r in rows if r["history"] == longest
+    }
     for bs, cp in sorted({(k[0], k[1]) for k in at}):
         cells = [str(bs), str(cp), f"{at[(bs, cp, 'unique', 0)]['seconds']:.2f}"]
         for read, level in (("unique", 1), ("unique", 2), ("unique", 5), ("slot", 5)):
