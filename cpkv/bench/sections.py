@@ -17,10 +17,6 @@ count bytes. To add a section, write its function and add one entry where it bel
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import Any, Protocol
-
 from cpkv.bench.balance import balance_figure
 from cpkv.bench.bytes import bytes_by_batch, write_path_bytes
 from cpkv.bench.cp_off import (
@@ -45,64 +41,20 @@ from cpkv.bench.overlap import overlap_figure
 from cpkv.bench.pd import PdPart
 from cpkv.bench.peer_read import peer_read_figure
 from cpkv.bench.rollback import rollback_figure
+from cpkv.bench.section import (
+    BenchInputs,
+    Figures,
+    GroupPart,
+    GroupRuns,
+    Section,
+    SectionGenerator,
+)
 from cpkv.bench.views import materialize_jobs
-from cpkv.run.jobs import Backend, LevelRun, RankJob
+from cpkv.run.jobs import Backend, RankJob
 from cpkv.run.runner import run_levels
-from cpkv_core.config import DeploymentConfig, ModelConfig
-from cpkv_core.planning import BatchSpec
 from cpkv_core.runtime import kv_bytes_per_page
 
-__all__ = [
-    "SECTIONS",
-    "BenchInputs",
-    "Figures",
-    "GeneratorPart",
-    "GroupPart",
-    "Section",
-    "SectionGenerator",
-    "section_names",
-]
-
-Figures = dict[str, Any]
-"""``BenchReport`` fields by name."""
-GroupRuns = list[list[LevelRun]]
-"""Each job's level runs, in the order of the jobs."""
-SectionGenerator = Generator[list[RankJob], GroupRuns, Figures]
-"""A gloo section as a generator (module docstring)."""
-
-
-class GroupPart(Protocol):
-    """A section on gloo ranks."""
-
-    def jobs(self) -> list[RankJob]:
-        """Its in-process part, then its rank jobs."""
-
-    def finish(self, runs: GroupRuns) -> Figures:
-        """Its figures from its jobs' runs."""
-
-    def close(self) -> None:
-        """Releases what it holds (processes), whatever happened; a no-op once done."""
-
-
-class GeneratorPart:
-    """A generator section (module docstring) as a ``GroupPart``."""
-
-    def __init__(self, part: SectionGenerator) -> None:
-        self.part = part
-
-    def jobs(self) -> list[RankJob]:
-        return next(self.part)
-
-    def finish(self, runs: GroupRuns) -> Figures:
-        try:
-            self.part.send(runs)
-        except StopIteration as done:
-            figures: Figures = done.value
-            return figures
-        raise RuntimeError("a bench section yielded its jobs twice")
-
-    def close(self) -> None:
-        self.part.close()
+__all__ = ["SECTIONS", "section_names"]
 
 
 class _PdSection:
@@ -119,33 +71,6 @@ class _PdSection:
 
     def close(self) -> None:
         self.part.close()
-
-
-@dataclass(frozen=True, slots=True)
-class BenchInputs:
-    """What every section measures on."""
-
-    model: ModelConfig
-    deploy: DeploymentConfig
-    batches: tuple[BatchSpec, ...]
-    repeats: int
-    """Timed rounds per figure, after a warm-up (``--repeats``)."""
-    debug_checks: bool
-    device: str
-    cp_min_tokens: int | None
-    """The ``cp_off`` bytes' minimum; None: the trace's median batch size."""
-
-
-@dataclass(frozen=True, slots=True)
-class Section:
-    """One section of the bench (module docstring)."""
-
-    name: str
-    """What ``--only`` takes (and the progress line names)."""
-    title: str
-    """What it measures, in a few words."""
-    measure: Callable[[BenchInputs], Figures | GroupPart | SectionGenerator]
-    """Measures it (module docstring); a generator function is wrapped in ``GeneratorPart``."""
 
 
 def _gate(inputs: BenchInputs) -> Figures:

@@ -3,12 +3,12 @@
 Bytes are counted exactly by the communication layer; times are medians over repeats after a
 warm-up. Ratios, not absolute times, are the headline.
 
-The sections (``sections.SECTIONS``) are called in the table's order: an in-process section
-measures there; a gloo section hands back its part. Then every part gives its rank jobs (its
-in-process part runs then), in the same order, they all run in ONE spawned group, and each
-part finishes on its runs. A section's time is what its calls took plus its jobs' share of
-the group (from where the previous part's share ended to the last batch its jobs finished;
-the group's start for the first).
+The sections (``sections.SECTIONS``, handed in) are called in the table's order: an
+in-process section measures there; a gloo section hands back its part. Then every part gives
+its rank jobs (its in-process part runs then), in the same order, they all run in ONE
+spawned group, and each part finishes on its runs. A section's time is what its calls took
+plus its jobs' share of the group (from where the previous part's share ended to the last
+batch its jobs finished; the group's start for the first).
 """
 
 from __future__ import annotations
@@ -18,14 +18,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 from cpkv.bench.report import BenchReport
-from cpkv.bench.sections import (
-    SECTIONS,
-    BenchInputs,
-    Figures,
-    GeneratorPart,
-    GroupPart,
-    Section,
-)
+from cpkv.bench.section import BenchInputs, Figures, GeneratorPart, GroupPart, Section
 from cpkv.run.jobs import BatchProgress, RankJob
 from cpkv.run.runner import run_jobs_on_gloo
 from cpkv_core.config import DeploymentConfig, ModelConfig
@@ -54,18 +47,18 @@ class _Pending:
     """Index of its first job in the group."""
 
 
-def _chosen(only: Sequence[str] | None) -> list[Section]:
+def _chosen(sections: Sequence[Section], only: Sequence[str] | None) -> list[Section]:
     """The sections named in ``only`` (all when None), in the table's order."""
     if only is None:
-        return list(SECTIONS)
+        return list(sections)
     names = set(only)
-    unknown = names - {s.name for s in SECTIONS}
+    unknown = names - {s.name for s in sections}
     if unknown:
         raise ValueError(
             f"unknown bench section {', '.join(sorted(unknown))}: choose from "
-            f"{', '.join(s.name for s in SECTIONS)}"
+            f"{', '.join(s.name for s in sections)}"
         )
-    return [s for s in SECTIONS if s.name in names]
+    return [s for s in sections if s.name in names]
 
 
 def _job_spans(began: float, pending: Sequence[_Pending], last: dict[int, float]) -> None:
@@ -110,6 +103,7 @@ def _run_group(
 
 
 def run_bench(
+    sections: Sequence[Section],
     model: ModelConfig,
     deploy: DeploymentConfig,
     batches: Sequence[BatchSpec],
@@ -122,7 +116,8 @@ def run_bench(
     only: Sequence[str] | None = None,
     on_section: Callable[[SectionTime], None] | None = None,
 ) -> BenchReport:
-    """Runs the sections named in ``only`` (every one when None) on ``batches`` (the built-in
+    """Runs the ``sections`` (``sections.SECTIONS``) named in ``only`` (every one when None),
+    in their order, on ``batches`` (the built-in
     trace by default in the CLI); ``on_step`` hears each section's title as it starts,
     ``on_section`` each section's time as it ends. ``cp_min_tokens`` is the minimum of the
     ``cp_off`` bytes (default: the trace's median batch size).
@@ -130,7 +125,7 @@ def run_bench(
     Raises:
         ValueError: ``only`` names a section that does not exist.
     """
-    chosen = _chosen(only)
+    chosen = _chosen(sections, only)
     inputs = BenchInputs(
         model, deploy, tuple(batches), repeats, debug_checks, device, cp_min_tokens
     )

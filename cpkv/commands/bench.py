@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from cpkv.bench.rows import run_rows_bench
 from cpkv.bench.rows_setup import GRIDS
-from cpkv.bench.sections import section_names
+from cpkv.bench.sections import SECTIONS, section_names
 from cpkv.bench.suite import SectionTime, run_bench
 from cpkv.commands.options import DeviceOpt, JsonOpt, out_option, print_written
 from cpkv.commands.shared import RUN_MODEL, dry_run_exit
@@ -150,6 +150,7 @@ def bench_command(
     # NOTE: every rank forks from one server that imported torch once (seconds a process).
     with err.status("bench") as status, forked_ranks(RANK_MODULES):
         report = run_bench(
+            SECTIONS,
             model_preset(RUN_MODEL),
             deploy,
             trace.batches,
