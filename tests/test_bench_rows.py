@@ -21,6 +21,7 @@ import torch
 from typer.testing import CliRunner
 
 from cpkv.bench import rows_measure as bench_rows_measure
+from cpkv.bench import rows_rounds
 from cpkv.bench.rows_group import RankAlone
 from cpkv.bench.rows_ops import chunk_ops, replicated_ops, sharded_ops
 from cpkv.bench.rows_setup import GRIDS, PointSetup, row_format
@@ -81,7 +82,7 @@ def run_rows(*args: str) -> Any:
 def tiny_bf16() -> Any:
     """One run of the tiny grid, each op timed once (no extra rounds for short ops)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bench_rows_measure, "ROUND_BUDGET_S", 0.0)
+        patch.setattr(rows_rounds, "ROUND_BUDGET_S", 0.0)
         return run_rows("--rows-grid", "tiny", "--repeats", "1", "--json")
 
 
@@ -200,23 +201,23 @@ def test_warm_up_waits_for_calls_in_a_row_without_page_faults() -> None:
     place one call in held memory and the next in fresh memory again)."""
     calls, run = _touching({0, 1, 3})
     cpu = torch.device("cpu")
-    bench_rows_measure._warm_up(run, 16 << 20, cpu)
-    assert len(calls) == 4 + bench_rows_measure.SETTLED_CALLS
+    rows_rounds.warm_up(run, 16 << 20, cpu)
+    assert len(calls) == 4 + rows_rounds.SETTLED_CALLS
 
 
 def test_timed_rounds_count_the_page_faults_they_take() -> None:
     cpu = torch.device("cpu")
     ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
-    warm = bench_rows_measure.MAX_WARMUPS
+    warm = rows_rounds.MAX_WARMUPS
     # NOTE: one faulting timed call: at least two rounds are asked for (repeats 2), so it is
     # set aside whatever the load makes of the rounds' count.
     calls, run = _touching(set(range(warm + 1)))
-    faulting = bench_rows_measure.time_op(run, 16 << 20, ceiling, 2, cpu)
+    faulting = rows_rounds.time_op(run, 16 << 20, ceiling, 2, cpu)
     assert faulting.page_faults >= (4 << 20) // bench_rows_measure.PAGE_BYTES
     assert faulting.faulted_rounds == 1
     assert len(calls) == warm + faulting.rounds + 1
     _, settled = _touching(set())
-    clean = bench_rows_measure.time_op(settled, 16 << 20, ceiling, 2, cpu)
+    clean = rows_rounds.time_op(settled, 16 << 20, ceiling, 2, cpu)
     assert clean.page_faults < 64 and clean.faulted_rounds == 0
 
 
@@ -226,9 +227,9 @@ def test_an_op_that_faults_every_call_is_timed_on_every_round() -> None:
     cpu = torch.device("cpu")
     ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
     calls, run = _touching(set(range(1000)))
-    timing = bench_rows_measure.time_op(run, 16 << 20, ceiling, 2, cpu)
+    timing = rows_rounds.time_op(run, 16 << 20, ceiling, 2, cpu)
     assert timing.faulted_rounds == 0
-    assert len(calls) == bench_rows_measure.MAX_WARMUPS + timing.rounds
+    assert len(calls) == rows_rounds.MAX_WARMUPS + timing.rounds
     assert timing.page_faults >= timing.rounds * (4 << 20) // bench_rows_measure.PAGE_BYTES
 
 
@@ -239,24 +240,24 @@ def test_one_thread_rounds_are_timed_on_its_cpu_time() -> None:
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert bench_rows_measure.op_clock(cpu)[0] == "wall"
+        assert rows_rounds.op_clock(cpu)[0] == "wall"
         torch.set_num_threads(1)
-        name, clock = bench_rows_measure.op_clock(cpu)
+        name, clock = rows_rounds.op_clock(cpu)
     finally:
         torch.set_num_threads(threads)
     assert name == "thread-cpu"
     ceiling = bench_rows_measure.CopyCeiling(cpu, piece_bytes=1 << 20)
-    waits = bench_rows_measure.time_op(lambda: time.sleep(0.02), 1 << 20, ceiling, 2, cpu, clock)
+    waits = rows_rounds.time_op(lambda: time.sleep(0.02), 1 << 20, ceiling, 2, cpu, clock)
     assert waits.wall_seconds >= 0.02 > waits.seconds
 
 
 def test_the_copy_ceiling_takes_no_page_faults() -> None:
     """A copy that faulted its destination in would run slower than the ceiling is."""
     ceiling = bench_rows_measure.CopyCeiling(torch.device("cpu"), piece_bytes=4 << 20)
-    faults = bench_rows_measure._minor_faults()
+    faults = bench_rows_measure.minor_faults()
     for _ in range(64):
         ceiling.copy(64 << 10)  # one pass over both buffers
-    assert bench_rows_measure._minor_faults() - faults < 64
+    assert bench_rows_measure.minor_faults() - faults < 64
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,9 @@ runner = CliRunner()
 
 COVERED = {
     "cpkv demo": "tests/test_cli.py::test_demo_runs_every_level_and_pd_and_reports_a_verdict",
-    "cpkv bench --out plots": ("tests/test_cli_phases.py::test_bench_json_reports_every_figure"),
+    "cpkv bench --out plots": "tests/test_bench_cli.py::test_gloo_sections_report_their_figures",
     "cpkv bench --repeats 1 --json": (
-        "tests/test_cli_phases.py::test_bench_json_reports_every_figure"
+        "tests/test_bench_cli.py::test_host_and_byte_sections_report_their_figures"
     ),
     "cpkv bench --rows deepseek-v3.2 --rows-grid tiny --repeats 1 --json": (
         "tests/test_bench_rows.py::test_every_figure_moves_the_bytes_counted_by_hand"

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv_core.config import IndexKDtype, model_preset
-from cpkv_core.runtime.model import NO_KEY, init_weights, project, select_topk
+from cpkv_core.runtime.model import NO_KEY, SORT_KEYS, init_weights, project, select_topk
 from cpkv_core.runtime.ops import linear, ordered_dot, ordered_sum, rms_norm
 
 TINY = model_preset("tiny")
@@ -58,6 +58,35 @@ def test_topk_pads_with_no_key_when_few_keys_are_visible() -> None:
     scores = torch.arange(6, dtype=torch.float64)[None, :].repeat(2, 1)
     chosen = select_topk(scores, torch.tensor([1, 5]), topk=4)
     assert chosen.tolist() == [[0, 1, NO_KEY, NO_KEY], [2, 3, 4, 5]]
+
+
+def _topk_oracle(scores: list[float], query_position: int, topk: int) -> list[int]:
+    """The first ``topk`` visible keys by (score descending, position ascending), ascending,
+    ``NO_KEY`` padded."""
+    visible = [p for p in range(len(scores)) if p <= query_position]
+    best = sorted(sorted(visible, key=lambda p: (-scores[p], p))[:topk])
+    return best + [NO_KEY] * (topk - len(best))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    num_keys=st.sampled_from([3, 40, SORT_KEYS, SORT_KEYS + 1, 700]),
+    levels=st.integers(1, 6),
+    topk=st.sampled_from([1, 5, 16]),
+    seed=st.integers(0, 2**16),
+)
+def test_topk_takes_the_best_keys_ties_by_position_whatever_the_key_count(
+    num_keys: int, levels: int, topk: int, seed: int
+) -> None:
+    """Scores drawn from ``levels`` values (ties everywhere), queries anywhere among the keys
+    (a query sees its own key and those before it): the sort (up to ``SORT_KEYS`` keys) and
+    the k-th score (past it) pick what a stable sort of every visible key picks."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, levels, (6, num_keys), generator=gen).double()
+    positions = torch.randint(0, num_keys, (6,), generator=gen)
+    chosen = select_topk(scores, positions, topk)
+    for row, position in enumerate(positions.tolist()):
+        assert chosen[row].tolist() == _topk_oracle(scores[row].tolist(), position, topk)
 
 
 @settings(max_examples=40, deadline=None)

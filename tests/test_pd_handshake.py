@@ -5,11 +5,13 @@ prefill sender (its engine on a one-rank in-process group)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Client
 
 import pytest
+import torch
 
 from cpkv_core.config import IndexKDtype, model_preset
 from cpkv_core.dist import LocalGroup
@@ -32,10 +34,32 @@ REFUSAL_S = 5.0
 """A refusal must come back well within this (it is one round trip per decode rank)."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Peer:
+    """A decode side of the table: its spec, and the dtype its pool stores index K in when
+    that is not the spec's (the same bytes a row, read as another dtype)."""
+
+    spec: DecodeSpec
+    index_k_as: torch.dtype | None = None
+
+
+def _retype_index_k(server: DecodeServer, dtype: torch.dtype) -> None:
+    """Stores the server's index K as ``dtype`` (same itemsize: same row bytes), as a decode
+    build with another index K dtype would, and takes its layout again."""
+    pool = server.model.pool
+    pool.layers = tuple(
+        dataclasses.replace(layer, index_k=layer.index_k.view(dtype)) for layer in pool.layers
+    )
+    server.layout = pool_layout(pool, server.spec.prefill_cp_size, server.spec.dcp_size)
+
+
 @pytest.fixture
 def serving(request: pytest.FixtureRequest) -> Iterator[DecodeServer]:
-    """A decode server configured by the test's ``DecodeSpec``, serving on a thread."""
-    server = DecodeServer(request.param, b"k")
+    """A decode server configured by the test's ``Peer``, serving on a thread."""
+    peer: Peer = request.param
+    server = DecodeServer(peer.spec, b"k")
+    if peer.index_k_as is not None:
+        _retype_index_k(server, peer.index_k_as)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -44,24 +68,36 @@ def serving(request: pytest.FixtureRequest) -> Iterator[DecodeServer]:
     thread.join(10)
 
 
+SAME = DecodeSpec(TINY, 4, FP8, 16, 5.0)
+"""The prefill side's own layout (cp 1 serves any prefill CP size)."""
+OURS = ("float8_e4m3fn",)
 CASES = {
-    "page size": (DecodeSpec(TINY, 8, FP8, 16, 5.0), 1, "page_size"),
-    "row width": (DecodeSpec(WIDE, 4, FP8, 16, 5.0), 1, "row_bytes"),
-    "decode cp size": (DecodeSpec(TINY, 4, FP8, 16, 5.0), 2, "decode_cp_size"),
-    "prefill cp size": (DecodeSpec(TINY, 4, FP8, 16, 5.0, prefill_cp_size=4), 1, "prefill_cp_size"),
+    "page size": (Peer(DecodeSpec(TINY, 8, FP8, 16, 5.0)), 1, "page_size", ()),
+    "row width": (Peer(DecodeSpec(WIDE, 4, FP8, 16, 5.0)), 1, "row_bytes", ()),
+    "decode cp size": (Peer(SAME), 2, "decode_cp_size", ()),
+    "prefill cp size": (
+        Peer(DecodeSpec(TINY, 4, FP8, 16, 5.0, prefill_cp_size=4)),
+        1,
+        "prefill_cp_size",
+        (),
+    ),
+    # NOTE: the same row bytes in another dtype: only the dtypes tell them apart.
+    "index K uint8": (Peer(SAME, torch.uint8), 1, "dtypes", (*OURS, "uint8")),
+    "index K fp8 e5m2": (Peer(SAME, torch.float8_e5m2), 1, "dtypes", (*OURS, "float8_e5m2")),
 }
 
 
 @pytest.mark.parametrize(
-    ("serving", "decode_cp_size", "field"),
+    ("serving", "decode_cp_size", "field", "named"),
     list(CASES.values()),
     ids=list(CASES),
     indirect=["serving"],
 )
 def test_a_mismatched_layout_is_refused_at_once_on_both_sides(
-    serving: DecodeServer, decode_cp_size: int, field: str
+    serving: DecodeServer, decode_cp_size: int, field: str, named: tuple[str, ...]
 ) -> None:
-    """The prefill side: cp 1, page 4, the tiny rows, ``decode_cp_size`` decode ranks."""
+    """The prefill side: cp 1, page 4, the tiny rows, ``decode_cp_size`` decode ranks; the
+    refusal names ``field`` and every value in ``named`` (both sides' dtypes)."""
     deploy = make_deploy(1, 4).model_copy(update={"decode_cp_size": decode_cp_size})
     (comm,) = LocalGroup(1).communicators()
     engine = CPEngine(TINY, deploy, comm, 16, KvLayout.SHARDED)
@@ -75,6 +111,7 @@ def test_a_mismatched_layout_is_refused_at_once_on_both_sides(
     for refusal in (sender.refused, *serving.errors):
         assert f"differ in {field}" in refusal
         assert "prefill {protocol 2" in refusal and "vs decode rank 0 {protocol 2" in refusal
+        assert all(value in refusal for value in named), (named, refusal)
     assert len(serving.errors) == 1
     batch = Scheduler(16, 4).schedule(BatchSpec(0, (RequestSpec("a", 0, 10),)))
     sender.after_batch(batch)  # nothing goes out: no pages are asked for

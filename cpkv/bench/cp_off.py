@@ -2,7 +2,7 @@
 
 Two measurements, side by side:
 
-- bytes: the trace runs at every level twice on the in-process group, every batch split
+- bytes: the trace runs at every level twice on the bench's gloo group, every batch split
   (``cp_min_tokens`` 0 and SGLang's gate off, ``split-anyway``, so "on" means split) and
   with batches below the minimum unsplit (the ``none`` split); for
   each batch below the minimum, rank 0's bytes by purpose (current gather, tail,
@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cpkv.run.jobs import Backend, LevelRun, RankJob
-from cpkv.run.runner import run_levels
+from cpkv.run.jobs import LevelRun, RankJob
 from cpkv_core.config import DeploymentConfig, ModelConfig, SplitGate
 from cpkv_core.planning import BatchSpec, RequestSpec, pages_for_trace
 from phases import PhaseId
@@ -147,21 +146,29 @@ def _bytes_row(run: LevelRun, index: int, cp: str) -> CpOffBytes:
     )
 
 
-def cp_off_bytes(
+def cp_off_bytes_jobs(
     model: ModelConfig,
     deploy: DeploymentConfig,
     batches: Sequence[BatchSpec],
     min_tokens: int,
     levels: Sequence[int] = tuple(range(len(PhaseId) + 1)),
     device: str = "cpu",
-) -> list[CpOffBytes]:
-    """Every level of ``batches`` split, then with ``min_tokens``; rows for the batches
-    below it, CP on and off side by side."""
-    rows = []
+) -> list[RankJob]:
+    """Every level of ``batches`` split, then with ``min_tokens``: two jobs, CP on then off
+    (the bench runs them on its gloo group)."""
     deploy = deploy.model_copy(update={"split_gate": SplitGate.SPLIT_ANYWAY})
-    on = run_levels(_job(model, deploy, batches, levels, device), Backend.LOCAL)
+    on = _job(model, deploy, batches, levels, device)
     off_deploy = deploy.model_copy(update={"cp_min_tokens": min_tokens})
-    off = run_levels(_job(model, off_deploy, batches, levels, device), Backend.LOCAL)
+    return [on, _job(model, off_deploy, batches, levels, device)]
+
+
+def cp_off_bytes_rows(
+    runs: Sequence[Sequence[LevelRun]], batches: Sequence[BatchSpec], min_tokens: int
+) -> list[CpOffBytes]:
+    """The rows of the batches below ``min_tokens``, CP on and off side by side, from the
+    runs of ``cp_off_bytes_jobs``."""
+    on, off = runs
+    rows = []
     for run_on, run_off in zip(on, off, strict=True):
         for i, batch in enumerate(batches):
             if batch.num_tokens < min_tokens:

@@ -122,26 +122,32 @@ def _job(
     )
 
 
+def kv_share_job(
+    model: ModelConfig, batches: Sequence[BatchSpec], page_size: int, cp_size: int
+) -> RankJob:
+    """``batches`` at levels 0 and 2 on ``cp_size`` ranks, for ``kv_share_row``."""
+    return _job(model, DeploymentConfig(cp_size=cp_size, page_size=page_size), batches, (0, 2))
+
+
+def kv_share_row(job: RankJob, runs: Sequence[LevelRun]) -> KvShare:
+    """Each rank's KV bytes after the last batch of ``kv_share_job``'s runs."""
+    replicated, sharded = runs
+    deploy = job.deploy
+    return KvShare(
+        cp_size=deploy.cp_size,
+        requests=len({req.rid for batch in job.batches for req in batch.requests}),
+        replicated_bytes=replicated.rank_outputs[-1][0].kv_bytes,
+        sharded_bytes_by_rank=tuple(p.kv_bytes for p in sharded.rank_outputs[-1]),
+        page_bytes=kv_bytes_per_page(job.model, deploy.index_k_dtype, deploy.page_size),
+    )
+
+
 def bench_kv_share(
     model: ModelConfig, batches: Sequence[BatchSpec], page_size: int, cp_sizes: Sequence[int]
 ) -> list[KvShare]:
     """Runs ``batches`` at levels 0 and 2 per CP size on the in-process group."""
-    rows = []
-    requests = len({req.rid for batch in batches for req in batch.requests})
-    for cp_size in cp_sizes:
-        deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
-        replicated, sharded = run_levels(_job(model, deploy, batches, (0, 2)), Backend.LOCAL)
-        page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, page_size)
-        rows.append(
-            KvShare(
-                cp_size=cp_size,
-                requests=requests,
-                replicated_bytes=replicated.rank_outputs[-1][0].kv_bytes,
-                sharded_bytes_by_rank=tuple(p.kv_bytes for p in sharded.rank_outputs[-1]),
-                page_bytes=page_bytes,
-            )
-        )
-    return rows
+    jobs = [kv_share_job(model, batches, page_size, cp) for cp in cp_sizes]
+    return [kv_share_row(job, run_levels(job, Backend.LOCAL)) for job in jobs]
 
 
 def materialized_bytes(
@@ -242,7 +248,11 @@ def _trace_seconds(run: LevelRun) -> float:
     return sum(max(p.seconds for p in pieces) for pieces in run.rank_outputs)
 
 
-def step_time_job(
+WARM_UP_BATCHES = 2
+"""Batches of the trace every level runs once before the timed rounds (``step_time_jobs``)."""
+
+
+def step_time_jobs(
     model: ModelConfig,
     deploy: DeploymentConfig,
     batches: Sequence[BatchSpec],
@@ -250,21 +260,22 @@ def step_time_job(
     repeats: int,
     debug_checks: bool = False,
     device: str = "cpu",
-) -> RankJob:
-    """Every level once to warm up, then ``repeats`` rounds of every level, interleaved; for
-    the bench's one gloo group (``run_jobs_on_gloo``)."""
-    rounds = tuple(levels) * (repeats + 1)
-    return _job(model, deploy, batches, rounds, debug_checks, device)
+) -> list[RankJob]:
+    """A warm-up, every level once on the trace's first ``WARM_UP_BATCHES`` batches; then
+    ``repeats`` rounds of every level, interleaved; for the bench's one gloo group
+    (``run_jobs_on_gloo``)."""
+    warm = _job(model, deploy, batches[:WARM_UP_BATCHES], levels, debug_checks, device)
+    timed = _job(model, deploy, batches, tuple(levels) * repeats, debug_checks, device)
+    return [warm, timed]
 
 
 def step_times(
     levels: Sequence[int], repeats: int, runs: Sequence[LevelRun]
 ) -> tuple[list[StepTime], list[LevelRun]]:
-    """The times of :func:`step_time_job`'s ``runs``, and the last round's runs."""
+    """The times of the timed job of :func:`step_time_jobs` (its ``runs``), and the last
+    round's runs."""
     per_level = {
-        level: statistics.median(
-            _trace_seconds(runs[r * len(levels) + i]) for r in range(1, repeats + 1)
-        )
+        level: statistics.median(_trace_seconds(runs[r * len(levels) + i]) for r in range(repeats))
         for i, level in enumerate(levels)
     }
     base = per_level[levels[0]]

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 
 from cpkv.bench.pd_figure import MIB, PdBytes, PdFigure
-from cpkv.run.jobs import LevelRun
-from cpkv.run.pd import PdJob, run_pd
+from cpkv.run.jobs import LevelRun, RankJob
+from cpkv.run.pd import PdJob, pd_session
+from cpkv.run.runner import run_jobs_on_gloo
 from cpkv_core.config import DeploymentConfig, ModelConfig, model_preset
 from cpkv_core.pd import ConcurrentWrite, WriteStats
-from cpkv_core.planning import BatchSpec
+from cpkv_core.planning import BatchSpec, RequestSpec
 from cpkv_core.runtime import kv_bytes_per_page
 
 ROWS_OF = "deepseek-v3.2"
@@ -102,6 +105,109 @@ def _row(level: int, run: LevelRun, decode_cp_size: int) -> PdBytes:
     )
 
 
+def warm_up_trace(deploy: DeploymentConfig) -> tuple[BatchSpec, ...]:
+    """One batch of one request whose pages reach every prefill owner and every decode
+    rank: a job's warm-up, which opens the transfer sessions of its prefill and decode
+    ranks and starts their writers (a run of the whole trace did no more)."""
+    # NOTE: 2 x cp segments of dcp pages: under the page-aligned zigzag each rank computes
+    # (and owns) two segments, each reaching every decode rank (page p is rank p % dcp's).
+    pages = 2 * deploy.cp_size * max(1, deploy.decode_cp_size)
+    return (BatchSpec(0, (RequestSpec("warm-up", 0, pages * deploy.page_size),)),)
+
+
+def pd_jobs(
+    deploy: DeploymentConfig,
+    batches: Sequence[BatchSpec],
+    levels: Sequence[int],
+    overlap: bool = True,
+) -> list[PdJob]:
+    """The figure's jobs, each after its warm-up job: ``levels`` to one decode process,
+    then the last level to a decode group of ``cp_size`` and of ``other_decode_cp_size``
+    ranks (``bench_pd``)."""
+    top = levels[-1]
+    deploys = [deploy] + [
+        deploy.model_copy(update={"decode_cp_size": size})
+        for size in (deploy.cp_size, other_decode_cp_size(deploy.cp_size))
+    ]
+    measured = [tuple(levels), (top,), (top,)]
+    jobs = []
+    for job_deploy, job_levels in zip(deploys, measured, strict=True):
+        warm = warm_up_trace(job_deploy)
+        jobs.append(PdJob(job_deploy, warm, job_levels[:1], overlap=overlap))
+        jobs.append(PdJob(job_deploy, tuple(batches), job_levels, probe=True, overlap=overlap))
+    return jobs
+
+
+def unacknowledged(runs: Sequence[Sequence[LevelRun]]) -> list[str]:
+    """Every request of ``runs`` that a prefill rank saw no decode rank complete (the
+    figure's check: ``cpkv pd`` and the tests check the rebuilt KV against the reference)."""
+    return [
+        f"{result.rid} from rank {result.rank}: {'; '.join(result.errors) or 'not ready'}"
+        for job_runs in runs
+        for run in job_runs
+        for results in run.pd
+        for result in results
+        if not result.ready
+    ]
+
+
+def pd_figure(
+    model: ModelConfig, deploy: DeploymentConfig, levels: Sequence[int], runs: list[list[LevelRun]]
+) -> PdFigure:
+    """The figure from the runs of ``pd_jobs`` (``model``: the one measured, ``pd_model``)."""
+    failed = unacknowledged(runs)
+    if failed:
+        raise RuntimeError(f"PD transfer failed in the bench: {failed}")
+    top = levels[-1]
+    sizes = (deploy.cp_size, other_decode_cp_size(deploy.cp_size))
+    rows = tuple(_row(level, run, 1) for level, run in zip(levels, runs[1], strict=True))
+    reshard = (
+        rows[-1],
+        *(_row(top, runs[job][0], size) for job, size in zip((3, 5), sizes, strict=True)),
+    )
+    token_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, 1)
+    return PdFigure(rows, model.name, token_bytes, reshard)
+
+
+class PdPart:
+    """The PD figure as a part of a larger gloo group (``suite.run_bench``): its decode
+    groups start on a thread of their own as soon as it is made, so their processes start
+    while the bench runs other work; ``jobs`` waits for them and gives the prefill jobs,
+    ``finish`` stops the groups and makes the figure, ``close`` stops them whatever
+    happened."""
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        deploy: DeploymentConfig,
+        batches: Sequence[BatchSpec],
+        levels: Sequence[int],
+        overlap: bool = True,
+    ) -> None:
+        self.measured = pd_model(model)
+        self.deploy = deploy
+        self.levels = tuple(levels)
+        self._stack = ExitStack()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="cpkv-pd-start")
+        session = pd_session(self.measured, pd_jobs(deploy, batches, levels, overlap))
+        self._started = self._pool.submit(self._stack.enter_context, session)
+
+    def jobs(self) -> list[RankJob]:
+        """The prefill jobs, once every decode group listens."""
+        return self._started.result().rank_jobs
+
+    def finish(self, runs: list[list[LevelRun]]) -> PdFigure:
+        """Stops the decode groups; the figure from the runs of ``jobs``."""
+        self.close()
+        return pd_figure(self.measured, self.deploy, self.levels, runs)
+
+    def close(self) -> None:
+        """Waits for the decode groups' start to end, then stops them (again: a no-op)."""
+        self._started.exception()  # NOTE: a failed start stopped what it had started
+        self._stack.close()
+        self._pool.shutdown()
+
+
 def bench_pd(
     model: ModelConfig,
     deploy: DeploymentConfig,
@@ -115,26 +221,11 @@ def bench_pd(
     level again, re-sharded to a decode group of ``cp_size`` ranks and one of
     ``other_decode_cp_size`` ranks (the large write goes to decode rank 0).
 
-    A first run of each job is a warm-up (it opens the transfer sessions) and is not
+    Each job follows a warm-up job (``warm_up_trace``) on its decode group, which is not
     counted. ``overlap`` False makes the ranks write synchronously (``PdJob.overlap``).
     """
-    measured = pd_model(model)
-    top = levels[-1]
-    sizes = (deploy.cp_size, other_decode_cp_size(deploy.cp_size))
-    jobs = [PdJob(deploy, tuple(batches), (levels[0], *levels), probe=True, overlap=overlap)]
-    for size in sizes:
-        resharded = deploy.model_copy(update={"decode_cp_size": size})
-        jobs.append(PdJob(resharded, tuple(batches), (top, top), probe=True, overlap=overlap))
-    reports, runs = run_pd(measured, jobs)
-    for report in reports:
-        if not report.ok:
-            raise RuntimeError(
-                f"PD transfer failed in the bench: {report.errors or report.requests}"
-            )
-    rows = tuple(_row(level, run, 1) for level, run in zip(levels, runs[0][1:], strict=True))
-    reshard = (
-        rows[-1],
-        *(_row(top, job_runs[1], size) for size, job_runs in zip(sizes, runs[1:], strict=True)),
-    )
-    token_bytes = kv_bytes_per_page(measured, deploy.index_k_dtype, 1)
-    return PdFigure(rows, measured.name, token_bytes, reshard)
+    part = PdPart(model, deploy, batches, levels, overlap)
+    try:
+        return part.finish(run_jobs_on_gloo(part.jobs()))
+    finally:
+        part.close()

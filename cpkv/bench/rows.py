@@ -4,9 +4,10 @@ lengths, against the copy ceiling of the device it runs on.
 Every op of ``bench_rows_ops`` runs on rank 0 of every point of the grid
 (``bench_rows_setup``), with the model's per-token per-layer rows in their storage dtype
 and random bytes: the engine's index plans and calls, no model maths. Per op and point:
-the bytes it writes, its median time and that of a contiguous copy of the same bytes taken
-in turn with it (``ratio_to_copy``), and the peak scratch of one call next to what
-``cpkv plan`` budgets for it. From those: a projection per chunk over all the model's
+the bytes it writes, its median time and that of a contiguous copy of the same bytes timed
+round by round with it (``ratio_to_copy``, with its spread over the rounds:
+``rows_rounds``), and the peak scratch of one call next to what ``cpkv plan`` budgets for
+it. From those: a projection per chunk over all the model's
 layers at each level, and slot against unique remap. ``docs/real-rows.md`` reads them.
 """
 
@@ -23,16 +24,11 @@ import torch
 
 from cpkv.bench.rows_figures import RowsEntry, projection, slot_vs_unique
 from cpkv.bench.rows_group import RankAlone
-from cpkv.bench.rows_measure import (
-    Clock,
-    CopyCeiling,
-    op_clock,
-    peak_scratch,
-    reusing_allocator,
-    time_op,
-)
+from cpkv.bench.rows_measure import Clock, CopyCeiling, peak_scratch, reusing_allocator
 from cpkv.bench.rows_ops import RowOp, chunk_ops, replicated_ops, sharded_ops
+from cpkv.bench.rows_rounds import op_clock, time_op
 from cpkv.bench.rows_setup import RANK, PointSetup, RowFormat, RowsGrid, RowsPoint, row_format
+from cpkv.bench.rows_timing import NOISY_SPREAD
 from cpkv.plan.kv_bytes import KvCacheDtype
 from cpkv_core.config import ModelConfig
 
@@ -121,7 +117,8 @@ class RowsReport:
     allocator: str
     threads: int
     clock: str
-    """What the rounds are timed on: ``thread-cpu`` or ``wall`` (``rows_measure.op_clock``)."""
+    """What the rounds are timed on: ``thread-cpu``, ``wall`` or ``cuda-events``
+    (``rows_rounds.op_clock``)."""
     seconds: float
     """Wall time of the whole run."""
     entries: list[RowsEntry]
@@ -151,6 +148,8 @@ class RowsReport:
                 "clock": self.clock,
                 "seconds": self.seconds,
                 "goal_ratio_to_copy": GOAL_RATIO,
+                "noisy_spread": NOISY_SPREAD,
+                "noisy": sum(e.timing.noisy for e in self.entries),
             },
             "real_rows": [e.to_json() for e in self.entries],
             "real_rows_projection": [asdict(r) for r in projection(self.entries, self.num_layers)],

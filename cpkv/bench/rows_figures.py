@@ -8,11 +8,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cpkv.bench.rows_timing import Timing
+
 __all__ = [
     "TIE_BAND",
     "ProjectionRow",
     "RemapVerdict",
     "RowsEntry",
+    "Timing",
     "projection",
     "slot_vs_unique",
 ]
@@ -20,27 +23,6 @@ __all__ = [
 TIE_BAND = 0.1
 """Slot and unique are a ``tie`` when their chunk times are this close (share of the
 slower)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """Median seconds of an op and of the copy of its bytes, over ``rounds`` rounds, and the
-    fastest of each, on the run's clock (``op_clock``); the medians on the wall clock too."""
-
-    seconds: float
-    copy_seconds: float
-    rounds: int
-    best_seconds: float
-    """The fastest round of the op (robust on a loaded machine)."""
-    copy_best_seconds: float
-    wall_seconds: float
-    copy_wall_seconds: float
-    page_faults: int
-    """Minor page faults the op's timed calls took, all rounds together, set-aside rounds
-    included (0: it ran on memory the allocator held, as on a device)."""
-    faulted_rounds: int = 0
-    """Rounds set aside because the op faulted fresh memory in (the CPU allocator's
-    placement); 0 when there were too many to set aside and every round counts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +56,8 @@ class RowsEntry:
 
     @property
     def ratio_to_copy(self) -> float:
-        """Its rate over a contiguous copy's of the same bytes, in the same rounds."""
+        """Its rate over a contiguous copy's of the same bytes, in the same rounds: the
+        copy's median round over the op's median round."""
         return self.timing.copy_seconds / self.seconds
 
     @property
@@ -90,19 +73,33 @@ class RowsEntry:
         return self.scratch_bytes / self.planned_scratch_bytes
 
     def to_json(self) -> dict[str, Any]:
-        """One entry of ``real_rows``: the timing's fields stand beside the others."""
+        """One entry of ``real_rows``: the timing's fields and figures stand beside the
+        others, each round's seconds last."""
         fields = asdict(self)
         timing: dict[str, Any] = fields.pop("timing")
+        t = self.timing
+        rounds = {name: list(timing.pop(name)) for name in ("op_rounds", "copy_rounds")}
         return (
             fields
+            | {
+                "seconds": t.seconds,
+                "copy_seconds": t.copy_seconds,
+                "rounds": t.rounds,
+                "best_seconds": t.best_seconds,
+                "copy_best_seconds": t.copy_best_seconds,
+            }
             | timing
             | {
                 "levels": list(self.levels),
                 "gb_per_s": self.gb_per_s,
                 "ratio_to_copy": self.ratio_to_copy,
+                "ratio_low": t.ratio_low,
+                "ratio_high": t.ratio_high,
+                "noisy": t.noisy,
                 "ratio_to_copy_best": self.ratio_to_copy_best,
                 "scratch_over_plan": self.scratch_over_plan,
             }
+            | rounds
         )
 
 

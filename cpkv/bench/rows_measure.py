@@ -1,17 +1,13 @@
-"""How the real-rows bench measures an op: its time against a contiguous copy of the same
-bytes, taken in turn with it, and the peak of the temporaries one call allocates.
+"""What the real-rows bench measures an op against, and with: the copy ceiling, the page
+faults of a call, the peak of the temporaries one call allocates, and a CPU allocator that
+holds what it is handed back (``rows_rounds`` times the rounds).
 
 - **Copy ceiling.** ``CopyCeiling.copy(n)`` copies ``n`` bytes between two contiguous
   64 MiB buffers on the op's device (more than a server CPU's last-level cache), in pieces
   of at most 64 MiB: past the caches, the rate no longer depends on the piece size. A copy
   smaller than the caches would run from them, while the op reads a pool far larger than
   they are; so each copy takes the next span of the buffers, memory the copies just before
-  did not touch. Each round times the op, then the copy, once both are warm
-  (``_warm_up``); the medians are reported, and the fastest of each.
-- **Clock.** On the CPU with one torch thread the rounds are timed on the calling thread's
-  CPU time (``op_clock``): the op runs on that thread alone, and the time other processes
-  hold the core is not the op's. Elsewhere, on the wall clock. Each entry keeps its wall
-  medians as well.
+  did not touch.
 - **Scratch.** On CUDA, the caching allocator's peak over one call; on the CPU, the
   profiler's record of every allocation and free during one call, summed in order.
 - **The CPU allocator.** A device's caching allocator hands a freed block to the next
@@ -21,12 +17,13 @@ bytes, taken in turn with it, and the peak of the temporaries one call allocates
   makes glibc keep every freed byte (``mallopt``) for the run, as a caching allocator
   would. It still places a call's temporaries by best fit, which for several calls after
   an op's sizes first appear is memory past what the heap has touched, and now and then a
-  call in held memory followed by one in fresh memory again; ``_warm_up`` waits until
-  ``SETTLED_CALLS`` calls in a row take no faults, and ``Timing.page_faults`` counts those
-  the timed calls still took. A timed round that faulted is set aside and run again
-  (``time_op``), a bounded number of times. Nothing is handed back between ops: pages
-  handed back inside the heap (``malloc_trim``) are where glibc places the next op's
-  temporaries, so each of its calls faulted them in again, up to 4x its time.
+  call in held memory followed by one in fresh memory again; ``rows_rounds.warm_up`` waits
+  until ``SETTLED_CALLS`` calls in a row take no faults (``faulted``), and
+  ``Timing.page_faults`` counts those the timed calls still took. A timed round that
+  faulted is set aside and run again (``rows_rounds.time_op``), a bounded number of times.
+  Nothing is handed back between ops: pages handed back inside the heap (``malloc_trim``)
+  are where glibc places the next op's temporaries, so each of its calls faulted them in
+  again, up to 4x its time.
 """
 
 from __future__ import annotations
@@ -35,38 +32,24 @@ import ctypes
 import ctypes.util
 import os
 import resource
-import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 
-from cpkv.bench.rows_figures import Timing
-
 __all__ = [
     "Clock",
     "CopyCeiling",
-    "Timing",
-    "op_clock",
+    "faulted",
+    "minor_faults",
     "peak_scratch",
     "reusing_allocator",
     "sync",
-    "time_op",
 ]
 
 CEILING_PIECE_BYTES = 64 << 20
 """Largest single copy of the ceiling, and the size of each of its two buffers."""
-MAX_REPEATS = 25
-"""Most timed rounds of one op (a short op gets more rounds, up to this)."""
-ROUND_BUDGET_S = 0.15
-"""A short op is repeated until its rounds take about this long."""
-
-MAX_WARMUPS = 16
-"""Most warm-up calls of an op before it is timed."""
-SETTLED_CALLS = 3
-"""Calls in a row without page faults that end an op's warm-up."""
 FAULT_SHARE = 0.02
 """A warm call faults in at most this share of the bytes it writes."""
 PAGE_BYTES = 4096
@@ -113,105 +96,12 @@ class CopyCeiling:
 Clock = Callable[[], float]
 
 
-def op_clock(device: torch.device) -> tuple[str, Clock]:
-    """The clock an op's rounds are timed on, and its name.
-
-    On the CPU with one torch thread every op runs on the calling thread, so its time is
-    that thread's CPU time (``thread-cpu``): what the machine's other processes take of the
-    core while the op waits is not the op's. Anywhere else, ``wall`` time.
-    """
-    if device.type == "cpu" and torch.get_num_threads() == 1:
-        return "thread-cpu", time.thread_time
-    return "wall", time.perf_counter
-
-
-def _minor_faults() -> int:
+def minor_faults() -> int:
     """Minor page faults this process has taken so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _warm_up(run: Callable[[], object], nbytes: int, device: torch.device) -> None:
-    """Calls ``run`` until ``SETTLED_CALLS`` calls in a row take no page faults (at most
-    ``MAX_WARMUPS`` calls; one on a device, whose caching allocator holds its blocks).
-
-    On the CPU a call faults in the memory its temporaries take when glibc places them
-    past what the heap has touched. glibc's best fit does so for several calls after an
-    op's sizes first appear, and can place one call in held memory and the next in fresh
-    memory again (module docstring); a call without faults alone does not show that the
-    op has settled.
-    """
-    if device.type != "cpu":
-        run()
-        sync(device)
-        return
-    settled = 0
-    for _ in range(MAX_WARMUPS):
-        faults = _minor_faults()
-        run()
-        faulted = _minor_faults() - faults
-        settled = 0 if _faulted(faulted, nbytes, device) else settled + 1
-        if settled == SETTLED_CALLS:
-            return
-
-
-def _timed(run: Callable[[], object], device: torch.device, clock: Clock) -> tuple[float, float]:
-    """``(seconds on clock, wall seconds)`` of one call of ``run``."""
-    wall, began = time.perf_counter(), clock()
-    run()
-    sync(device)
-    return clock() - began, time.perf_counter() - wall
-
-
-def time_op(
-    run: Callable[[], object],
-    nbytes: int,
-    ceiling: CopyCeiling,
-    repeats: int,
-    device: torch.device,
-    clock: Clock = time.perf_counter,
-) -> Timing:
-    """Times ``run`` and ``ceiling.copy(nbytes)`` in turn after warming both up (``_warm_up``);
-    at least ``repeats`` rounds, more for a short op (``ROUND_BUDGET_S``).
-
-    A round whose op faulted fresh memory in (``_faulted``: the warm-up's rule) is set
-    aside and run again, up to as many extra rounds as the rounds asked for: what it
-    timed is the CPU allocator's placement, which a device's caching allocator does not
-    do. The medians are over the fault-free rounds when there are enough of them, else
-    over every round; ``Timing.faulted_rounds`` says how many were set aside.
-    """
-    _warm_up(run, nbytes, device)
-    _warm_up(lambda: ceiling.copy(nbytes), nbytes, device)
-    clean: list[tuple[tuple[float, float], tuple[float, float]]] = []
-    faulted: list[tuple[tuple[float, float], tuple[float, float]]] = []
-    faults = 0
-    rounds = repeats
-    while len(clean) < rounds and len(faulted) < rounds:
-        faults_before = _minor_faults()
-        op = _timed(run, device, clock)
-        round_faults = _minor_faults() - faults_before
-        faults += round_faults
-        pair = (op, _timed(lambda: ceiling.copy(nbytes), device, clock))
-        (faulted if _faulted(round_faults, nbytes, device) else clean).append(pair)
-        if len(clean) + len(faulted) == 1:
-            spent = max(op[1] + pair[1][1], 1e-9)
-            rounds = max(repeats, min(MAX_REPEATS, int(ROUND_BUDGET_S / spent)))
-    used = clean if len(clean) == rounds else clean + faulted
-    op_s, copy_s = [op for op, _ in used], [copy for _, copy in used]
-    median = statistics.median
-    return Timing(
-        seconds=median(s for s, _ in op_s),
-        copy_seconds=median(s for s, _ in copy_s),
-        rounds=len(used),
-        best_seconds=min(s for s, _ in op_s),
-        copy_best_seconds=min(s for s, _ in copy_s),
-        wall_seconds=median(w for _, w in op_s),
-        copy_wall_seconds=median(w for _, w in copy_s),
-        page_faults=faults,
-        faulted_rounds=len(faulted) if used is clean else 0,
-    )
-
-
-def _faulted(faults: int, nbytes: int, device: torch.device) -> bool:
+def faulted(faults: int, nbytes: int, device: torch.device) -> bool:
     """A call on the CPU faulted in more than ``FAULT_SHARE`` of ``nbytes`` (a device's
     caching allocator takes no faults: never)."""
     return device.type == "cpu" and faults * PAGE_BYTES > FAULT_SHARE * nbytes

@@ -2,44 +2,108 @@
 
 Bytes are counted exactly by the communication layer; times are medians over repeats after a
 warm-up. Ratios, not absolute times, are the headline.
+
+The sections (``sections.SECTIONS``, handed in) are called in the table's order: an
+in-process section measures there; a gloo section hands back its part. Then every part gives
+its rank jobs (its in-process part runs then), in the same order, they all run in ONE
+spawned group, and each part finishes on its runs. A section's time is what its calls took
+plus its jobs' share of the group (from where the previous part's share ended to the last
+batch its jobs finished; the group's start for the first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
 
-from cpkv.bench.balance import balance_figure
-from cpkv.bench.bytes import bytes_by_batch, write_path_bytes
-from cpkv.bench.cp_off import (
-    CpOffFigure,
-    cp_off_bytes,
-    cp_off_time_jobs,
-    cp_off_times,
-    default_min_tokens,
-)
-from cpkv.bench.host import bench_gate, bench_host_plan, bench_tail_bytes
-from cpkv.bench.kv import (
-    bench_kv_share,
-    bench_remaps,
-    materialized_bytes,
-    page_balance,
-    step_time_job,
-    step_times,
-)
-from cpkv.bench.overlap import overlap_figure
-from cpkv.bench.pd import bench_pd
-from cpkv.bench.peer_read import peer_read_figure
 from cpkv.bench.report import BenchReport
-from cpkv.bench.rollback import rollback_figure
-from cpkv.bench.sglang_plugin import sglang_plugin_figure
-from cpkv.bench.views import materialize_jobs
+from cpkv.bench.section import BenchInputs, Figures, GeneratorPart, GroupPart, Section
+from cpkv.run.jobs import BatchProgress, RankJob
 from cpkv.run.runner import run_jobs_on_gloo
 from cpkv_core.config import DeploymentConfig, ModelConfig
 from cpkv_core.planning import BatchSpec
-from cpkv_core.runtime import kv_bytes_per_page
+
+__all__ = ["SectionTime", "run_bench"]
+
+
+@dataclass(slots=True)
+class SectionTime:
+    """Wall seconds one section took."""
+
+    name: str
+    seconds: float = 0.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A gloo section's part waiting for its runs."""
+
+    section: Section
+    part: GroupPart
+    time: SectionTime
+    jobs: list[RankJob] = field(default_factory=list)
+    first: int = 0
+    """Index of its first job in the group."""
+
+
+def _chosen(sections: Sequence[Section], only: Sequence[str] | None) -> list[Section]:
+    """The sections named in ``only`` (all when None), in the table's order."""
+    if only is None:
+        return list(sections)
+    names = set(only)
+    unknown = names - {s.name for s in sections}
+    if unknown:
+        raise ValueError(
+            f"unknown bench section {', '.join(sorted(unknown))}: choose from "
+            f"{', '.join(s.name for s in sections)}"
+        )
+    return [s for s in sections if s.name in names]
+
+
+def _job_spans(began: float, pending: Sequence[_Pending], last: dict[int, float]) -> None:
+    """Adds each section's share of the group: up to the last batch its last job finished
+    (``last``: wall time by job), from where the previous section's share ended."""
+    start = began
+    for part in pending:
+        ends = [last[j] for j in range(part.first, part.first + len(part.jobs)) if j in last]
+        end = max(ends, default=start)
+        part.time.seconds += end - start
+        start = max(start, end)
+
+
+def _run_group(
+    pending: list[_Pending], on_section: Callable[[SectionTime], None]
+) -> dict[str, Figures]:
+    """Takes every part's jobs, runs them all in one group, finishes each part on its runs."""
+    jobs: list[RankJob] = []
+    for waiting in pending:
+        began = time.perf_counter()
+        waiting.jobs = waiting.part.jobs()
+        waiting.time.seconds += time.perf_counter() - began
+        waiting.first = len(jobs)
+        jobs += waiting.jobs
+    last: dict[int, float] = {}
+
+    def on_progress(progress: BatchProgress) -> None:
+        last[progress.job] = time.perf_counter()
+
+    began = time.perf_counter()
+    runs = run_jobs_on_gloo(jobs, on_progress) if jobs else []
+    _job_spans(began, pending, last)
+    figures: dict[str, Figures] = {}
+    for waiting in pending:
+        began = time.perf_counter()
+        figures[waiting.section.name] = waiting.part.finish(
+            runs[waiting.first : waiting.first + len(waiting.jobs)]
+        )
+        waiting.time.seconds += time.perf_counter() - began
+        on_section(waiting.time)
+    return figures
 
 
 def run_bench(
+    sections: Sequence[Section],
     model: ModelConfig,
     deploy: DeploymentConfig,
     batches: Sequence[BatchSpec],
@@ -49,68 +113,54 @@ def run_bench(
     on_step: Callable[[str], None] | None = None,
     device: str = "cpu",
     cp_min_tokens: int | None = None,
+    only: Sequence[str] | None = None,
+    on_section: Callable[[SectionTime], None] | None = None,
 ) -> BenchReport:
-    """Runs every figure on ``batches`` (the built-in trace by default in the CLI);
-    ``on_step`` hears the name of each figure as it starts. ``cp_min_tokens`` is the minimum
-    of the ``cp_off`` bytes (default: the trace's median batch size)."""
+    """Runs the ``sections`` (``sections.SECTIONS``) named in ``only`` (every one when None),
+    in their order, on ``batches`` (the built-in
+    trace by default in the CLI); ``on_step`` hears each section's title as it starts,
+    ``on_section`` each section's time as it ends. ``cp_min_tokens`` is the minimum of the
+    ``cp_off`` bytes (default: the trace's median batch size).
 
-    def step(name: str) -> None:
-        if on_step is not None:
-            on_step(name)
-
-    step("gate decision time")
-    gate = bench_gate(deploy)
-    step("host plan time, 8 requests x 4K/32K/128K history")
-    host_plan = bench_host_plan(deploy)
-    step("phase-1 tail bytes")
-    tail = bench_tail_bytes(model)
-    step("per-rank KV bytes, cp 2/4/8")
-    share = bench_kv_share(model, batches, deploy.page_size, (2, 4, 8))
-    step("slot vs unique remap")
-    remaps = bench_remaps(model, repeats=max(5, 5 * repeats))
-    step(f"rollback save copy vs batch time, levels 0/2/5, {deploy.cp_size} in-process ranks")
-    rollback = rollback_figure(model, deploy, batches, repeats, device=device)
-    min_tokens = default_min_tokens(batches) if cp_min_tokens is None else cp_min_tokens
-    step(f"CP off: bytes of batches below {min_tokens} tokens, CP on vs off")
-    off_bytes = cp_off_bytes(model, deploy, batches, min_tokens, device=device)
-    step(
-        f"step time of levels 0-5, CP on vs off by batch size, gather vs peer-read, and "
-        f"prefetch off vs on, on {deploy.cp_size} gloo ranks"
+    Raises:
+        ValueError: ``only`` names a section that does not exist.
+    """
+    chosen = _chosen(sections, only)
+    inputs = BenchInputs(
+        model, deploy, tuple(batches), repeats, debug_checks, device, cp_min_tokens
     )
-    levels = tuple(range(6))
-    step_job = step_time_job(model, deploy, batches, levels, repeats, debug_checks, device)
-    off_jobs = cp_off_time_jobs(model, deploy, repeats, levels[-1], device=device)
-    view_jobs = materialize_jobs(model, deploy, repeats, device)
-    # NOTE: one gloo group for every timing: a spawn costs seconds.
-    group_runs = run_jobs_on_gloo([step_job, *off_jobs, *view_jobs])
-    times, runs = step_times(levels, repeats, group_runs[0])
-    off_end = 1 + len(off_jobs)
-    off_times = cp_off_times(off_jobs, group_runs[1:off_end])
-    view_runs = [job_runs[0] for job_runs in group_runs[off_end:]]
-    page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, deploy.page_size)
-    balance = balance_figure(model, deploy, batches, device, step)
-    step(f"PD: {deploy.cp_size} prefill ranks -> decode over Mooncake loopback")
-    pd = bench_pd(model, deploy, batches, (0, 2, 5))
-    step(f"sglang_plugin: SGLang's tail gather bytes, stock vs plugin, {deploy.cp_size} CPU ranks")
-    sglang_plugin = sglang_plugin_figure(deploy.cp_size)
+    hear = on_section or (lambda _: None)
+    figures: dict[str, Figures] = {}
+    pending: list[_Pending] = []
+    times: list[SectionTime] = []
+    try:
+        for section in chosen:
+            if on_step is not None:
+                on_step(f"{section.name}: {section.title}")
+            spent = SectionTime(section.name)
+            times.append(spent)
+            began = time.perf_counter()
+            result = section.measure(inputs)
+            spent.seconds += time.perf_counter() - began
+            if isinstance(result, dict):
+                figures[section.name] = result
+                hear(spent)
+                continue
+            part: GroupPart = GeneratorPart(result) if isinstance(result, Generator) else result
+            pending.append(_Pending(section, part, spent))
+        if pending and on_step is not None:
+            names = ", ".join(p.section.name for p in pending)
+            on_step(f"one gloo group for {names}")
+        figures |= _run_group(pending, hear)
+    finally:
+        for waiting in pending:
+            waiting.part.close()  # NOTE: a part's own teardown (decode processes) runs here
+    merged: Figures = {}
+    for section in chosen:
+        merged |= figures[section.name]
     return BenchReport(
-        gate=gate,
-        host_plan=host_plan,
-        tail_bytes=tail,
-        kv_share=share,
-        materialized=materialized_bytes([runs[2], runs[3]], batches),
-        write_path=[row for row in write_path_bytes(runs) if row.level >= 2],
-        bytes_by_batch=bytes_by_batch(runs),
-        page_balance=page_balance(runs, page_bytes),
-        pd=pd,
-        remaps=remaps,
-        step_time=times,
         step_time_cp_size=deploy.cp_size,
-        cp_off=CpOffFigure(min_tokens, deploy.cp_size, off_bytes, off_times, levels[-1]),
         warnings=list(warnings),
-        peer_read=peer_read_figure(model, view_runs, deploy),
-        overlap=overlap_figure(view_runs, deploy.cp_size),
-        rollback=rollback,
-        balance=balance,
-        sglang_plugin=sglang_plugin,
+        section_seconds={t.name: t.seconds for t in times},
+        **merged,
     )

@@ -13,7 +13,8 @@ from rich.markup import escape
 
 from cpkv.bench.rows import run_rows_bench
 from cpkv.bench.rows_setup import GRIDS
-from cpkv.bench.suite import run_bench
+from cpkv.bench.sections import SECTIONS, section_names
+from cpkv.bench.suite import SectionTime, run_bench
 from cpkv.commands.options import DeviceOpt, JsonOpt, out_option, print_written
 from cpkv.commands.shared import RUN_MODEL, dry_run_exit
 from cpkv.common.console import BadInput, bad_input_exits, emit, err, out
@@ -25,9 +26,14 @@ from cpkv.render.rows import render_rows
 from cpkv.run.builtin_trace import demo_trace
 from cpkv.run.launchers import refuse_torchrun
 from cpkv_core.config import DeploymentConfig, model_preset
+from cpkv_core.dist import forked_ranks
 from cpkv_core.traces import load_trace
 from flags import debug_benchmark_warning, resolve_flags
 from phases.registry import REGISTERED_PHASES
+
+RANK_MODULES = ("__main__", "cpkv.run.runner", "cpkv_core.pd.decode_rank")
+"""What the bench's rank server imports once (``dist.forked_ranks``): the program (each rank
+would import it again), the rank bodies of the gloo group and of the decode processes."""
 
 CpSizeOpt = Annotated[
     int, typer.Option("--cp-size", help="CP ranks for gate timing and the gloo step time.")
@@ -48,6 +54,15 @@ CpMinTokensOpt = Annotated[
         min=0,
         help="The cp_off figure's bytes: batches below N tokens, CP on vs off. Default: "
         "the trace's median batch size.",
+    ),
+]
+
+OnlyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--only",
+        metavar="SECTION[,SECTION]",
+        help=f"Run these sections alone (default: every one): {', '.join(section_names())}.",
     ),
 ]
 
@@ -87,8 +102,8 @@ RowsThreadsOpt = Annotated[
         min=0,
         metavar="N",
         help="With --rows: torch threads of the run (0: torch's default, one a core). With "
-        "1 each op runs on one thread and is timed on its CPU time, steady on a machine "
-        "other work shares.",
+        "1 (the default) each op and its copy run on one thread, timed round by round on "
+        "its CPU time, steady on a machine other work shares; with more, on the wall clock.",
     ),
 ]
 
@@ -105,13 +120,17 @@ def bench_command(
     rows: RowsOpt = None,
     rows_grid: RowsGridOpt = "full",
     kv_cache_dtype: RowsKvDtypeOpt = "auto",
-    rows_threads: RowsThreadsOpt = 0,
+    rows_threads: RowsThreadsOpt = 1,
+    only: OnlyOpt = None,
 ) -> None:
     """Performance figures, measured side by side in one run: bytes counted exactly, times as
     medians after a warm-up, headline figures as ratios. With --device meta, a dry run of
     levels 0-5 on the trace instead. With --rows MODEL, the data movement at MODEL's row
     widths and lengths against the device's copy rate instead."""
     if rows is not None:
+        if only is not None:
+            with bad_input_exits():
+                raise BadInput("--only picks sections of the tiny model's figures; --rows has none")
         run_rows_command(
             rows, rows_grid, kv_cache_dtype, rows_threads, repeats, device, as_json, out_dir
         )
@@ -121,14 +140,17 @@ def bench_command(
         trace = demo_trace(page_size) if trace_path is None else load_trace(trace_path, page_size)
         check_device(device)
         refuse_torchrun("cpkv bench", flags.launcher)
+        sections = _sections(only)
     if device is Device.META:
         every_phase = RunSettings(deploy, frozenset(REGISTERED_PHASES), None, False)
         dry_run_exit(every_phase, trace.batches, as_json)
     warning = debug_benchmark_warning(flags)
     if warning:
         err.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
-    with err.status("bench") as status:
+    # NOTE: every rank forks from one server that imported torch once (seconds a process).
+    with err.status("bench") as status, forked_ranks(RANK_MODULES):
         report = run_bench(
+            SECTIONS,
             model_preset(RUN_MODEL),
             deploy,
             trace.batches,
@@ -138,6 +160,8 @@ def bench_command(
             on_step=lambda name: status.update(f"bench: {name}"),
             device=str(device),
             cp_min_tokens=cp_min_tokens,
+            only=sections,
+            on_section=_print_section,
         )
     emit(as_json, report.to_json(), lambda: render_bench(out, report))
     if out_dir is not None:
@@ -146,6 +170,25 @@ def bench_command(
 
         documents = {"bench": report.to_json()}
         print_written(write_outputs(out_dir, "bench", documents, BENCH_FIGURES))
+
+
+def _sections(only: str | None) -> list[str] | None:
+    """The sections ``--only`` names (None: every one); a name that is none is bad input."""
+    if only is None:
+        return None
+    names = [name.strip() for name in only.split(",") if name.strip()]
+    unknown = [name for name in names if name not in section_names()]
+    if unknown or not names:
+        raise BadInput(
+            f"--only {only!r}: {', '.join(unknown) or 'no section'} is not a bench section; "
+            f"choose from {', '.join(section_names())}"
+        )
+    return names
+
+
+def _print_section(spent: SectionTime) -> None:
+    """One progress line on stderr per section, with its wall time."""
+    err.print(f"bench: {spent.name} {spent.seconds:.1f} s", highlight=False)
 
 
 def _check_rows(rows: str, grid: str, device: Device, out_dir: Path | None) -> None:

@@ -73,8 +73,7 @@ SplitGateOpt = Annotated[
     SplitGate | None,
     flag_option(
         "--cp-split-gate",
-        "Which batches are split: sglang (as SGLang 0.5.23 decides) or split-anyway (every "
-        "batch).",
+        "Which batches are split: sglang (as SGLang 0.5.23 decides) or split-anyway (every batch).",
         "sglang",
     ),
 ]

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from cpkv.bench.rows import GOAL_RATIO, RowsReport
-from cpkv.bench.rows_figures import projection, slot_vs_unique
+from cpkv.bench.rows_figures import RowsEntry, projection, slot_vs_unique
+from cpkv.bench.rows_timing import NOISY_SPREAD
 
 __all__ = ["render_rows"]
 
@@ -20,9 +21,16 @@ def _mib(num: int | None) -> str:
     return "-" if num is None else f"{num / MIB:,.1f}"
 
 
+def _spread(entry: RowsEntry) -> str:
+    """The lowest and highest per-round ratio, marked when the entry is noisy."""
+    spread = f"{entry.timing.ratio_low:.2f}-{entry.timing.ratio_high:.2f}"
+    return f"[yellow]{spread} noisy[/yellow]" if entry.timing.noisy else spread
+
+
 def _ops_table(report: RowsReport, history: int) -> Table:
     table = Table(title=f"{report.model} rows, history {history}: one layer (tail: one chunk)")
-    for name in ("op", "variant", "bs", "cp", "shared", "MiB", "ms", "GB/s", "ratio", "best"):
+    names = ("op", "variant", "bs", "cp", "shared", "MiB", "ms", "GB/s", "ratio", "spread")
+    for name in (*names, "best"):
         table.add_column(name, justify="right")
     for name in ("scratch MiB", "plan MiB"):
         table.add_column(name, justify="right")
@@ -40,6 +48,7 @@ def _ops_table(report: RowsReport, history: int) -> Table:
             f"{e.seconds * 1e3:,.2f}",
             f"{e.gb_per_s:.2f}",
             ratio if e.ratio_to_copy >= GOAL_RATIO else f"[red]{ratio}[/red]",
+            _spread(e),
             f"{e.ratio_to_copy_best:.2f}",
             _mib(e.scratch_bytes),
             _mib(e.planned_scratch_bytes),
@@ -123,6 +132,12 @@ def render_rows(console: Console, report: RowsReport) -> None:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     longest = max(report.grid.histories)
     console.print(_ops_table(report, longest))
+    noisy = sum(e.timing.noisy for e in report.entries)
+    console.print(
+        "ratio: the copy's median round over the op's; spread: the lowest and highest ratio "
+        f"within one round; noisy: a spread over {NOISY_SPREAD} of the ratio ({noisy} of "
+        f"{len(report.entries)} entries)"
+    )
     console.print(_summary_table(report))
     console.print(_projection_table(report, longest))
     console.print(_remap_table(report))

@@ -108,10 +108,12 @@ class RankRun:
 
 @dataclass(frozen=True, slots=True)
 class BatchProgress:
-    """Sent by rank 0 after each batch: level run index and batch index."""
+    """Sent by rank 0 after each batch: level run index and batch index (and the job's index
+    among the group's jobs)."""
 
     run: int
     batch: int
+    job: int = 0
 
 
 @dataclass(frozen=True, slots=True)

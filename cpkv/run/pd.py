@@ -5,14 +5,15 @@ reference."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from cpkv.common.settings import RunSettings
 from cpkv.run.decode_process import DecodeGroup, DecodeServerError, start_decode_group
 from cpkv.run.failure_summary import summarize_failures
-from cpkv.run.jobs import BatchProgress, LevelRun, final_seq_lens, job_for
+from cpkv.run.jobs import BatchProgress, LevelRun, RankJob, final_seq_lens, job_for
 from cpkv.run.pd_check import PdReport, ReferenceRequest, pd_results, reference_requests
 from cpkv.run.runner import run_jobs_on_gloo
 from cpkv.run.shadow import ShadowEntry, shadow_fault, summarize
@@ -172,24 +173,50 @@ def _stop_groups(groups: list[DecodeGroup]) -> None:
             list(pool.map(DecodeGroup.stop, groups))
 
 
-def run_pd(
+@dataclass
+class PdSession:
+    """The decode groups of a PD run, started, and the prefill jobs that send to them: run
+    ``rank_jobs`` on a gloo group (alone, or beside other jobs), then ask for ``reports``."""
+
+    model: ModelConfig
+    jobs: Sequence[PdJob]
+    groups: dict[int, DecodeGroup]
+    """One decode group per decode CP size of ``jobs``."""
+    rank_jobs: list[RankJob]
+    """``jobs`` as prefill rank jobs, each with its target (in ``jobs``' order)."""
+
+    def decode_reports(self) -> dict[int, tuple[list[ReportReply] | None, tuple[str, ...]]]:
+        """Every decode group's reports (their decode steps), or why it could not report."""
+        with ThreadPoolExecutor(len(self.groups)) as pool:
+            return dict(zip(self.groups, pool.map(_report, self.groups.values()), strict=True))
+
+    def reports(
+        self,
+        runs: Sequence[list[LevelRun]],
+        decoded: dict[int, tuple[list[ReportReply] | None, tuple[str, ...]]],
+    ) -> list[PdReport]:
+        """Each job's report: its runs and its decode group's reports against the
+        reference."""
+        references: dict[object, dict[str, ReferenceRequest]] = {}
+        return [
+            _job_report(self.model, index, job, job_runs, decoded, references)
+            for index, (job, job_runs) in enumerate(zip(self.jobs, runs, strict=True))
+        ]
+
+
+@contextmanager
+def pd_session(
     model: ModelConfig,
     jobs: Sequence[PdJob],
     timeout_s: float = 30.0,
     retries: int = 0,
     faults: PdFaults | None = None,
     die_on_done_of: str | None = None,
-    on_progress: Callable[[BatchProgress], None] | None = None,
     hosts: PdHosts | None = None,
     decode_as: DecodeAs | None = None,
-) -> tuple[list[PdReport], list[list[LevelRun]]]:
-    """Prefill every job on ONE gloo group (subgroups for smaller CP sizes), send every
-    request of every level to the decode group of the job's decode CP size (one group per
-    size, each ``decode_cp_size`` processes), check each against the reference.
-
-    ``hosts`` names the decode ranks' and the prefill ranks' addresses (loopback by
-    default); ``decode_as`` configures the decode groups unlike the prefill (a drill).
-    """
+) -> Iterator[PdSession]:
+    """Starts the decode groups of ``jobs`` (one per decode CP size, each
+    ``decode_cp_size`` processes) and stops them on leaving; see ``run_pd``."""
     hosts = hosts or PdHosts()
     specs = decode_specs(model, jobs, timeout_s, decode_as or DecodeAs())
     groups: dict[int, DecodeGroup] = {}
@@ -211,43 +238,71 @@ def run_pd(
                 job.overlap,
             )
             rank_jobs.append(job_for(model, job.deploy, job.batches, job.levels, job, pd=target))
-        runs = run_jobs_on_gloo(rank_jobs, on_progress)
-        with ThreadPoolExecutor(len(groups)) as pool:
-            decoded = dict(zip(groups, pool.map(_report, groups.values()), strict=True))
+        yield PdSession(model, jobs, groups, rank_jobs)
     finally:
         _stop_groups(list(groups.values()))
-    reports = []
-    references: dict[object, dict[str, ReferenceRequest]] = {}
-    for index, (job, job_runs) in enumerate(zip(jobs, runs, strict=True)):
-        decode_reports, errors = decoded[job.deploy.decode_cp_size]
-        # NOTE: the oracle depends on the trace and the page layout alone, not on the CP
-        # sizes: jobs that share them share one reference run (seconds at wide rows).
-        key = (job.batches, job.deploy.page_size, job.deploy.index_k_dtype)
-        if key not in references:
-            references[key] = reference_requests(model, job.deploy, job.batches)
-        reference = references[key]
-        results = pd_results(
-            job.levels, job_runs, reference, decode_reports, f"j{index}/", job.deploy.page_size
-        )
-        shadow = None
-        fault = shadow_fault(job.fault)
-        if job.shadow_rate > 0 or fault is not None:
-            entries = [
-                e for lv, r in zip(job.levels, job_runs, strict=True) for e in run_entries(lv, r)
-            ]
-            wrong = sum(not r.ok for r in results)
-            shadow = summarize(job.shadow_rate, fault, entries, wrong)
-        failures = summarize_failures(job.fault, job.levels, job_runs, len(job.batches))
-        refusals = tuple(e for reply in decode_reports or () for e in reply.errors)
-        deploy = job.deploy
-        reports.append(
-            PdReport(
-                deploy.cp_size,
-                tuple(results),
-                errors + refusals,
-                shadow,
-                failures,
-                deploy.decode_cp_size,
-            )
-        )
-    return reports, runs
+
+
+def run_pd(
+    model: ModelConfig,
+    jobs: Sequence[PdJob],
+    timeout_s: float = 30.0,
+    retries: int = 0,
+    faults: PdFaults | None = None,
+    die_on_done_of: str | None = None,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    hosts: PdHosts | None = None,
+    decode_as: DecodeAs | None = None,
+) -> tuple[list[PdReport], list[list[LevelRun]]]:
+    """Prefill every job on ONE gloo group (subgroups for smaller CP sizes), send every
+    request of every level to the decode group of the job's decode CP size (one group per
+    size, each ``decode_cp_size`` processes), check each against the reference.
+
+    ``hosts`` names the decode ranks' and the prefill ranks' addresses (loopback by
+    default); ``decode_as`` configures the decode groups unlike the prefill (a drill).
+    """
+    with pd_session(
+        model, jobs, timeout_s, retries, faults, die_on_done_of, hosts, decode_as
+    ) as session:
+        runs = run_jobs_on_gloo(session.rank_jobs, on_progress)
+        decoded = session.decode_reports()
+    return session.reports(runs, decoded), runs
+
+
+def _job_report(
+    model: ModelConfig,
+    index: int,
+    job: PdJob,
+    job_runs: list[LevelRun],
+    decoded: dict[int, tuple[list[ReportReply] | None, tuple[str, ...]]],
+    references: dict[object, dict[str, ReferenceRequest]],
+) -> PdReport:
+    """One job's report; ``references`` caches the reference runs by trace and layout."""
+    decode_reports, errors = decoded[job.deploy.decode_cp_size]
+    # NOTE: the oracle depends on the trace and the page layout alone, not on the CP
+    # sizes: jobs that share them share one reference run (seconds at wide rows).
+    key = (job.batches, job.deploy.page_size, job.deploy.index_k_dtype)
+    if key not in references:
+        references[key] = reference_requests(model, job.deploy, job.batches)
+    results = pd_results(
+        job.levels, job_runs, references[key], decode_reports, f"j{index}/", job.deploy.page_size
+    )
+    shadow = None
+    fault = shadow_fault(job.fault)
+    if job.shadow_rate > 0 or fault is not None:
+        entries = [
+            e for lv, r in zip(job.levels, job_runs, strict=True) for e in run_entries(lv, r)
+        ]
+        wrong = sum(not r.ok for r in results)
+        shadow = summarize(job.shadow_rate, fault, entries, wrong)
+    failures = summarize_failures(job.fault, job.levels, job_runs, len(job.batches))
+    refusals = tuple(e for reply in decode_reports or () for e in reply.errors)
+    deploy = job.deploy
+    return PdReport(
+        deploy.cp_size,
+        tuple(results),
+        errors + refusals,
+        shadow,
+        failures,
+        deploy.decode_cp_size,
+    )

@@ -114,11 +114,15 @@ def run_jobs_rank(comm: Communicator, jobs: tuple[RankJob, ...]) -> list[list[Ra
     ranks with the job's batch timeout, streaming progress to the parent; None where this
     rank is not in a job's group."""
     results: list[list[RankRun] | None] = []
-    for job in jobs:
+    for index, job in enumerate(jobs):
         # NOTE: the job's own group carries the batch timeout (the default group's is the
         # whole run's, which the rendezvous of freshly started processes needs).
         member = new_group_communicator(range(job.deploy.cp_size), job.batch_timeout_s)
-        results.append(_run_job(member, job, report_progress) if member is not None else None)
+
+        def notify(progress: BatchProgress, index: int = index) -> None:
+            report_progress(dataclasses.replace(progress, job=index))
+
+        results.append(_run_job(member, job, notify) if member is not None else None)
     return results
 
 

@@ -15,6 +15,7 @@ from cpkv_core.dist.comm import (
 from cpkv_core.dist.launch import ProgressEvent, report_progress, spawn_group
 from cpkv_core.dist.local_group import LocalCommunicator, LocalGroup, run_local
 from cpkv_core.dist.rank_errors import ErrorRecord, RankError, RankFailed, rank_error
+from cpkv_core.dist.start_method import forked_ranks
 from cpkv_core.dist.torchrun import TorchrunEnv, TorchrunGroup, torchrun_env
 from cpkv_core.dist.typed import FrameError, decode_frame, encode_frame
 from cpkv_core.dist.value_collectives import broadcast_value, gather_value
@@ -35,6 +36,7 @@ __all__ = [
     "broadcast_value",
     "decode_frame",
     "encode_frame",
+    "forked_ranks",
     "gather_value",
     "new_group_communicator",
     "rank_error",

@@ -1,11 +1,12 @@
 """Spawn harness: run one function on every rank of a real multi-process torch.distributed group.
 
 ``spawn_group(world_size, fn, args)`` starts ``world_size`` processes with the ``spawn``
-start method (or forks them from a fork server that imported ``preload`` once), rendezvous
-them through a ``file://`` store in a fresh temporary directory, and calls ``fn(comm, *args)``
-on each with a ``TorchDistCommunicator`` over the default group. Results come back in rank
-order. Any failure, early exit or timeout tears every process down and raises
-``RuntimeError`` naming the rank, so a broken test never hangs.
+start method, or forks them from a server process that imported the heavy modules once
+(``preload``, or inside ``start_method.forked_ranks``), rendezvous them through a ``file://``
+store in a fresh temporary directory, and calls ``fn(comm, *args)`` on each with a
+``TorchDistCommunicator`` over the default group. Results come back in rank order. Any
+failure, early exit or timeout tears every process down and raises ``RuntimeError`` naming
+the rank, so a broken test never hangs.
 
 A rank that stalls is named too: when a rank reports a ``CollectiveTimeout`` (its group's
 collective timeout ran out), the ranks still running without a word are the ones it waited
@@ -40,6 +41,7 @@ from cpkv_core.dist.rank_child import ERROR, PROGRESS, RESULT, ProgressEvent, ch
 from cpkv_core.dist.rank_child import progress_to as progress_to
 from cpkv_core.dist.rank_child import report_progress as report_progress
 from cpkv_core.dist.rank_errors import RankError, RankFailed
+from cpkv_core.dist.start_method import rank_context
 from cpkv_core.dist.typed.frames import FrameError, decode_frame, encode_frame
 
 __all__ = [
@@ -271,9 +273,10 @@ def spawn_group(
     target, signature = body_target(fn), rank_signature(fn)
     call = encode_frame(args, signature.args)
     if preload:
-        server = mp.get_context("forkserver")
-        server.set_forkserver_preload(list(preload))
-    ctx = server if preload else mp.get_context("spawn")
+        ctx: Any = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(list(preload))
+    else:
+        ctx = rank_context()
     store_dir = tempfile.mkdtemp(prefix="cpkv-spawn-")
     init_method = f"file://{store_dir}/store"
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]

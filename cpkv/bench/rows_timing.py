@@ -1,0 +1,99 @@
+"""The timing of one op of ``cpkv bench --rows``: its rounds and its copy's, taken in turn
+(op, copy, op, copy ...), and what is read off them: the ratio of the medians and its
+spread, the lowest and highest ratio of one round's copy to the same round's op.
+
+A round's op and copy run back to back on the same clock, so whatever slows the machine in
+that round slows both; the per-round ratios show how far the rounds agree. An entry whose
+spread is wider than ``NOISY_SPREAD`` of its ratio is marked ``noisy``: its ratio stands,
+but the rounds disagreed by more than the bench's figures are read to.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+__all__ = ["NOISY_SPREAD", "Timing"]
+
+NOISY_SPREAD = 0.5
+"""An entry is ``noisy`` when its highest per-round ratio minus its lowest is more than this
+share of its ratio of medians (0.5: e.g. 0.6-0.9 around 0.75 is noisy, 0.7-0.9 around 0.8 is
+not)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """One op's timed rounds and its copy's, in seconds on the run's clock
+    (``rows_rounds.op_clock``); ``op_rounds[i]`` and ``copy_rounds[i]`` are one round.
+
+    Invariant: both hold the same number of rounds, at least one.
+    """
+
+    op_rounds: tuple[float, ...]
+    """The op's seconds in each round the medians are over."""
+    copy_rounds: tuple[float, ...]
+    """The copy's seconds in the same rounds, each right after the op."""
+    wall_seconds: float | None = None
+    """The op's median round on the wall clock (None on CUDA, where a round's wall time
+    would need a host sync inside it)."""
+    copy_wall_seconds: float | None = None
+    page_faults: int = 0
+    """Minor page faults the op's timed calls took, all rounds together, set-aside rounds
+    included (0: it ran on memory the allocator held, as on a device)."""
+    faulted_rounds: int = 0
+    """Rounds set aside because the op faulted fresh memory in (the CPU allocator's
+    placement); 0 when there were too many to set aside and every round counts."""
+
+    def __post_init__(self) -> None:
+        if not self.op_rounds or len(self.op_rounds) != len(self.copy_rounds):
+            raise ValueError(
+                f"a timing needs as many copy rounds as op rounds, at least one; got "
+                f"{len(self.op_rounds)} op and {len(self.copy_rounds)} copy rounds"
+            )
+
+    @property
+    def rounds(self) -> int:
+        """Rounds the medians are over."""
+        return len(self.op_rounds)
+
+    @property
+    def seconds(self) -> float:
+        """The op's median round."""
+        return statistics.median(self.op_rounds)
+
+    @property
+    def copy_seconds(self) -> float:
+        """The copy's median round."""
+        return statistics.median(self.copy_rounds)
+
+    @property
+    def best_seconds(self) -> float:
+        """The op's fastest round."""
+        return min(self.op_rounds)
+
+    @property
+    def copy_best_seconds(self) -> float:
+        """The copy's fastest round."""
+        return min(self.copy_rounds)
+
+    @property
+    def round_ratios(self) -> tuple[float, ...]:
+        """Each round's copy over the same round's op."""
+        pairs = zip(self.op_rounds, self.copy_rounds, strict=True)
+        return tuple(copy / max(op, 1e-12) for op, copy in pairs)
+
+    @property
+    def ratio_low(self) -> float:
+        """The lowest per-round ratio."""
+        return min(self.round_ratios)
+
+    @property
+    def ratio_high(self) -> float:
+        """The highest per-round ratio."""
+        return max(self.round_ratios)
+
+    @property
+    def noisy(self) -> bool:
+        """The spread is wider than ``NOISY_SPREAD`` of the ratio of medians."""
+        ratio = self.copy_seconds / max(self.seconds, 1e-12)
+        return self.ratio_high - self.ratio_low > NOISY_SPREAD * ratio

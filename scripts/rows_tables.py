@@ -1,0 +1,177 @@
+"""The tables of docs/real-rows.md from ``cpkv bench --rows MODEL --json`` documents: the ops
+at the longest history (one run, or two side by side: e.g. an idle run and one next to
+``yes > /dev/null``), the chunk projection and slot against unique, as Markdown.
+
+    .venv/bin/python scripts/rows_tables.py rows-idle.json rows-busy.json > tables.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+MIB = 1 << 20
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    low, high = min(values), max(values)
+    return f"{low:{fmt}}-{high:{fmt}}"
+
+
+def _ms(values: Sequence[float]) -> str:
+    return _span(values, ".2f" if max(values) < 1 else ".1f")
+
+
+def _keyed(doc: dict[str, Any]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    return {
+        (e["op"], e["variant"], e["shared_prefix"], e["history"], e["bs"], e["cp_size"]): e
+        for e in doc["real_rows"]
+    }
+
+
+def _lowest(entries: Sequence[dict[str, Any]]) -> str:
+    low = min(entries, key=lambda e: e["ratio_to_copy"])
+    noisy = " noisy" if low["noisy"] else ""
+    return f"{low['ratio_to_copy']:.2f} ({low['ratio_low']:.2f}-{low['ratio_high']:.2f}){noisy}"
+
+
+def ops_table(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
+    """Every op at the longest history: bytes and times of the first run, then each run's
+    lowest ratio with that entry's spread and the median ratio."""
+    first = docs[0]
+    longest = max(e["history"] for e in first["real_rows"])
+    groups: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
+    for e in first["real_rows"]:
+        if e["history"] == longest:
+            groups.setdefault((e["op"], e["variant"], e["shared_prefix"]), []).append(e)
+    head = ["op / variant", "shared prefix", "MiB a layer", "ms a layer"]
+    for name in names:
+        head += [f"{name}: lowest (its spread)", f"{name}: median"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for (op, variant, shared), entries in groups.items():
+        cells = [
+            f"`{op}/{variant}`",
+            "yes" if shared else "",
+            _span([e["bytes"] / MIB for e in entries], ".1f"),
+            _ms([e["seconds"] * 1e3 for e in entries]),
+        ]
+        for doc in docs:
+            same = [
+                e
+                for e in doc["real_rows"]
+                if (e["op"], e["variant"], e["shared_prefix"], e["history"])
+                == (op, variant, shared, longest)
+            ]
+            median = statistics.median(e["ratio_to_copy"] for e in same)
+            cells += [_lowest(same), f"{median:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def agreement(idle: dict[str, Any], busy: dict[str, Any]) -> str:
+    """How the second run's entries at the longest history sit against the first's."""
+    longest = max(e["history"] for e in idle["real_rows"])
+    a, b = _keyed(idle), _keyed(busy)
+    keys = [k for k in a if k[3] == longest and k in b]
+    inside = sum(a[k]["ratio_low"] <= b[k]["ratio_to_copy"] <= a[k]["ratio_high"] for k in keys)
+    overlap = sum(
+        b[k]["ratio_low"] <= a[k]["ratio_high"] and a[k]["ratio_low"] <= b[k]["ratio_high"]
+        for k in keys
+    )
+    shifts = [b[k]["ratio_to_copy"] / a[k]["ratio_to_copy"] - 1 for k in keys]
+    worst = max(keys, key=lambda k: abs(b[k]["ratio_to_copy"] / a[k]["ratio_to_copy"] - 1))
+    return (
+        f"{len(keys)} entries at {longest}: {inside} with the second run's ratio inside the "
+        f"first's spread, {overlap} whose spreads overlap; the ratio moved by "
+        f"{statistics.median(abs(s) for s in shifts):.1%} (median), at most "
+        f"{max(abs(s) for s in shifts):.1%} ({worst[0]}/{worst[1]} bs {worst[4]} cp {worst[5]}"
+        f"{' shared' if worst[2] else ''}: {a[worst]['ratio_to_copy']:.2f} -> "
+        f"{b[worst]['ratio_to_copy']:.2f})"
+    )
+
+
+def summary(doc: dict[str, Any], name: str) -> str:
+    """One run in a line: its wall time, its lowest entry at the longest history, noisy."""
+    setup = doc["real_rows_setup"]
+    longest = max(e["history"] for e in doc["real_rows"])
+    at = [e for e in doc["real_rows"] if e["history"] == longest]
+    low = min(at, key=lambda e: e["ratio_to_copy"])
+    reach = sum(e["ratio_to_copy"] >= setup["goal_ratio_to_copy"] for e in at)
+    return (
+        f"{name}: {setup['seconds']:.0f} s in the grid, {setup['torch_threads']} thread(s), "
+        f"{setup['clock']} clock; {reach} of {len(at)} at {longest} reach "
+        f"{setup['goal_ratio_to_copy']}; lowest {low['op']}/{low['variant']} bs {low['bs']} "
+        f"cp {low['cp_size']}{' shared' if low['shared_prefix'] else ''}: "
+        f"{low['ratio_to_copy']:.2f} ({low['ratio_low']:.2f}-{low['ratio_high']:.2f}); "
+        f"noisy {setup['noisy']} of {len(doc['real_rows'])} entries"
+    )
+
+
+def projection_table(doc: dict[str, Any]) -> str:
+    """One chunk over every layer at the longest history: level 0 and what each adds."""
+    rows = doc["real_rows_projection"]
+    longest = max(r["history"] for r in rows)
+    head = ["bs", "cp", "level 0 (s)", "level 1", "levels 2-4, unique", "level 5, unique"]
+    head += ["level 5, slot", "level 5, peer-read"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    at = {
+        (r["bs"], r["cp_size"], r["read"], r["level"]): r for r in rows if r["history"] == longest
+    }
+    for bs, cp in sorted({(k[0], k[1]) for k in at}):
+        cells = [str(bs), str(cp), f"{at[(bs, cp, 'unique', 0)]['seconds']:.2f}"]
+        for read, level in (("unique", 1), ("unique", 2), ("unique", 5), ("slot", 5)):
+            cells.append(f"{at[(bs, cp, read, level)]['seconds_vs_level0']:+.2f}")
+        cells.append(f"{at[(bs, cp, 'peer-read', 5)]['seconds_vs_level0']:+.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def remap_table(doc: dict[str, Any]) -> str:
+    """Slot against unique at the longest history and the largest batch, per chunk."""
+    rows = doc["slot_vs_unique"]
+    longest, bs = max(r["history"] for r in rows), max(r["bs"] for r in rows)
+    head = [f"bs {bs}, history", "cp", "prefix", "read", "GB slot / unique", "s slot / unique"]
+    head += ["scratch MiB slot / unique", "host plan ms slot / unique", "winner"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in sorted(rows, key=lambda r: (r["cp_size"], r["shared_prefix"], r["read"][0] != "p")):
+        if (r["history"], r["bs"]) != (longest, bs):
+            continue
+        cells = [
+            str(longest),
+            str(r["cp_size"]),
+            "shared" if r["shared_prefix"] else "own",
+            r["read"],
+            f"{r['slot_bytes'] / 1e9:.1f} / {r['unique_bytes'] / 1e9:.1f}",
+            f"{r['slot_seconds']:.1f} / {r['unique_seconds']:.1f}",
+            f"{r['slot_scratch_bytes'] / MIB:.0f} / {r['unique_scratch_bytes'] / MIB:.0f}",
+            f"{r['slot_plan_seconds'] * 1e3:.0f} / {r['unique_plan_seconds'] * 1e3:.0f}",
+            r["winner"],
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="JSON documents; the first gives bytes and times")
+    parser.add_argument("--names", default="idle,busy", help="a name per run, comma-separated")
+    args = parser.parse_args()
+    docs = []
+    for path in args.runs:
+        with open(path) as f:
+            docs.append(json.load(f))
+    names = args.names.split(",")[: len(docs)]
+    for doc, name in zip(docs, names, strict=True):
+        print(summary(doc, name), end="\n\n")
+    print(ops_table(docs, names), end="\n\n")
+    if len(docs) > 1:
+        print(agreement(docs[0], docs[1]), end="\n\n")
+    print(projection_table(docs[0]), end="\n\n")
+    print(remap_table(docs[0]))
+
+
+if __name__ == "__main__":
+    main()
