@@ -23,7 +23,7 @@ from cpkv_core.runtime.dcp_decode import (
     merge_candidates,
 )
 from cpkv_core.runtime.kv_pool import KVRows
-from cpkv_core.runtime.model import NO_KEY, select_topk
+from cpkv_core.runtime.topk import NO_KEY, select_topk
 
 TINY = model_preset("tiny")
 PAGE = 4

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv_core.config import IndexKDtype, model_preset
-from cpkv_core.runtime.model import NO_KEY, SORT_KEYS, init_weights, project, select_topk
+from cpkv_core.runtime.model import init_weights, project
 from cpkv_core.runtime.ops import linear, ordered_dot, ordered_sum, rms_norm
+from cpkv_core.runtime.topk import NO_KEY, SORT_KEYS, select_topk
 
 TINY = model_preset("tiny")
 WEIGHTS = init_weights(TINY)

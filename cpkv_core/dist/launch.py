@@ -272,11 +272,7 @@ def spawn_group(
         raise ValueError("spawn_group: on_progress needs the progress messages' progress_type")
     target, signature = body_target(fn), rank_signature(fn)
     call = encode_frame(args, signature.args)
-    if preload:
-        ctx: Any = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(list(preload))
-    else:
-        ctx = rank_context()
+    ctx = rank_context(preload)
     store_dir = tempfile.mkdtemp(prefix="cpkv-spawn-")
     init_method = f"file://{store_dir}/store"
     pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]

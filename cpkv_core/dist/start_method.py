@@ -1,6 +1,11 @@
 """How ``spawn_group`` starts its processes: a fresh interpreter each (``spawn``, the default),
-or, inside ``forked_ranks``, a fork of one server process that imported the heavy modules
-once (``forkserver``).
+or, inside ``forked_ranks`` or with modules to preload, a fork of one server process that
+imported the heavy modules once (``forkserver``).
+
+The fork server is one a process and reads its preload list only when it starts, so
+:func:`forkserver_context` restarts it when a caller asks for a module it does not hold (the
+bench's ranks want torch; the SGLang plugin's want SGLang, ~12 s of CPU a process that
+imports it): the list only grows, and a server that holds every module asked for is kept.
 
 A fresh interpreter imports torch and the rank's modules again, seconds of CPU a process,
 and without a bytecode cache (``PYTHONDONTWRITEBYTECODE``) it compiles every module's source
@@ -24,6 +29,9 @@ __all__ = ["forked_ranks", "rank_context"]
 _lock = threading.Lock()
 _forking = [0]
 """Blocks of ``forked_ranks`` open now, in any thread."""
+_preload: list[str] = []
+"""The modules the fork server holds (or will, when it next starts)."""
+_BASE = ("torch", "cpkv_core.dist.rank_child")
 
 
 @contextmanager
@@ -32,10 +40,7 @@ def forked_ranks(preload: Sequence[str] = ()) -> Iterator[None]:
     imports torch, this harness and ``preload`` (module names; ``__main__``: the program's
     main module, which each rank would import again otherwise) when it first starts."""
     with _lock:
-        if not _forking[0]:
-            modules = ["torch", "cpkv_core.dist.rank_child", *preload]
-            # NOTE: only read when the server starts, the first time a block forks.
-            mp.set_forkserver_preload(list(dict.fromkeys(modules)))
+        _want(preload)
         _forking[0] += 1
     try:
         yield
@@ -44,8 +49,26 @@ def forked_ranks(preload: Sequence[str] = ()) -> Iterator[None]:
             _forking[0] -= 1
 
 
-def rank_context() -> SpawnContext | ForkServerContext:
-    """The start method of ranks started now (module docstring)."""
-    if _forking[0]:
+def rank_context(preload: Sequence[str] = ()) -> SpawnContext | ForkServerContext:
+    """The start method of ranks started now (module docstring): forked from the server when
+    inside ``forked_ranks`` or when ``preload`` names modules, else spawned."""
+    if preload:
+        with _lock:
+            _want(preload)
+    if _forking[0] or preload:
         return mp.get_context("forkserver")
     return mp.get_context("spawn")
+
+
+def _want(preload: Sequence[str]) -> None:
+    """The fork server holds ``preload`` from now on: restarted if it runs without them."""
+    missing = [m for m in (*_BASE, *preload) if m not in _preload]
+    if not missing:
+        return
+    _preload.extend(missing)
+    # NOTE: the running server (if any) was started with the old list and never reads a new
+    # one; stopping it makes the next fork start one that imports every module wanted.
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]  # the only way to restart it
+    mp.set_forkserver_preload(list(_preload))
