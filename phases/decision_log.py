@@ -89,7 +89,7 @@ def parse_log_line(document: Any) -> DecisionRecord | TailRecord:
     """
     if not isinstance(document, dict) or len(document) != 1:
         raise ValueError('a line is an object with one key, "decision" or "tail"')
-    (kind, body), = document.items()
+    ((kind, body),) = document.items()
     if kind == "decision":
         _check(body, _DECISION_FIELDS)
         if not all(isinstance(r, str) for r in body["reasons"]):

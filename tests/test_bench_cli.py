@@ -25,12 +25,12 @@ runner = CliRunner()
 TRACE = DATA / "long.jsonl"
 ARGS = ["bench", "--trace", str(TRACE), "--page-size", "16", "--repeats", "1", "--json"]
 FIGURE_KEYS = {
+    "sglang_plugin": {"sglang_plugin"},
     "gate": {"gate"},
     "host_plan": {"host_plan"},
     "remaps": {"remaps"},
     "rollback": {"rollback"},
     "pd": {"pd"},
-    "sglang_plugin": {"sglang_plugin"},
     "tail_bytes": {"tail_bytes"},
     "kv_share": {"kv_share"},
     "balance": {"balance", "write_path_round_robin"},

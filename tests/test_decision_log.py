@@ -90,8 +90,11 @@ def test_summary_and_one_batch(tmp_path: Path) -> None:
             '{"tail": {"batch": 0, "gather": "wide", "reason": null, "shadow": null}}',
             "narrow or stock",
         ),
-        ('{"decision": {"batch": true, "tokens": 1, "requests": 1, "sglang_split": true, '
-         '"split": true, "phase": 1, "reasons": []}}', "batch has the wrong type"),
+        (
+            '{"decision": {"batch": true, "tokens": 1, "requests": 1, "sglang_split": true, '
+            '"split": true, "phase": 1, "reasons": []}}',
+            "batch has the wrong type",
+        ),
         ('{"other": {}}', 'a "decision" or a "tail"'),
         (
             '{"tail": {"batch": 7, "gather": "narrow", "reason": null, "shadow": null}}',

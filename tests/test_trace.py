@@ -271,4 +271,3 @@ def test_load_trace_reports_missing_file(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="not found") as info:
         load_trace(path, PAGE)
     assert (info.value.source, info.value.line, info.value.field) == (str(path), None, None)
-

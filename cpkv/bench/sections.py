@@ -10,9 +10,11 @@ yield then, in the same order), runs them all in ONE spawned group (a spawn cost
 rank) and finishes each part on its runs.
 
 So what a gloo section's function starts before it returns runs beside the sections after
-it in the table: the PD section starts its decode processes that way, after the sections
-that time in-process work (gate, host plan, remaps, rollback) and before those that only
-count bytes. To add a section, write its function and add one entry where it belongs.
+it in the table: the SGLang plugin's section starts its measuring process that way, first of
+all (it counts bytes, so the other work beside it changes none of its figures), and the PD
+section starts its decode processes after the sections that time in-process work (gate,
+host plan, remaps, rollback) and before those that only count bytes. To add a section,
+write its function and add one entry where it belongs.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from cpkv.bench.section import (
     Section,
     SectionGenerator,
 )
-from cpkv.bench.sglang_plugin import sglang_plugin_figure
+from cpkv.bench.sglang_plugin import SglangPluginRun
 from cpkv.bench.views import materialize_jobs
 from cpkv.run.jobs import Backend, RankJob
 from cpkv.run.runner import run_levels
@@ -164,8 +166,25 @@ def _balance(inputs: BenchInputs) -> Figures:
     return {"balance": figure}
 
 
-def _sglang_plugin(inputs: BenchInputs) -> Figures:
-    return {"sglang_plugin": sglang_plugin_figure(inputs.deploy.cp_size)}
+class _SglangPluginSection:
+    """The ``sglang_plugin`` figure's process, started when the section's turn comes, read
+    after the gloo group (it has no rank jobs of its own)."""
+
+    def __init__(self, run: SglangPluginRun) -> None:
+        self.run = run
+
+    def jobs(self) -> list[RankJob]:
+        return []
+
+    def finish(self, runs: GroupRuns) -> Figures:
+        return {"sglang_plugin": self.run.figure()}
+
+    def close(self) -> None:
+        self.run.close()
+
+
+def _sglang_plugin(inputs: BenchInputs) -> GroupPart:
+    return _SglangPluginSection(SglangPluginRun(inputs.deploy.cp_size))
 
 
 def _pd(inputs: BenchInputs) -> GroupPart:
@@ -173,16 +192,16 @@ def _pd(inputs: BenchInputs) -> GroupPart:
 
 
 SECTIONS: tuple[Section, ...] = (
-    Section("gate", "gate decision time per batch, bs 1/32/256", _gate),
-    Section("host_plan", "host plan time, 8 requests x 4K/32K/128K history", _host_plan),
-    Section("remaps", "slot vs unique remap", _remaps),
-    Section("rollback", "rollback save copy vs batch time, levels 0/2/5", _rollback),
-    Section("pd", "PD over Mooncake loopback: levels 0/2/5, decode cp 1/N/M", _pd),
     Section(
         "sglang_plugin",
         "SGLang's own tail all-gather, stock vs the plugin, 7,168 x bf16, bs 1-64",
         _sglang_plugin,
     ),
+    Section("gate", "gate decision time per batch, bs 1/32/256", _gate),
+    Section("host_plan", "host plan time, 8 requests x 4K/32K/128K history", _host_plan),
+    Section("remaps", "slot vs unique remap", _remaps),
+    Section("rollback", "rollback save copy vs batch time, levels 0/2/5", _rollback),
+    Section("pd", "PD over Mooncake loopback: levels 0/2/5, decode cp 1/N/M", _pd),
     Section("tail_bytes", "phase-1 tail bytes", _tail_bytes),
     Section("kv_share", "per-rank KV bytes, cp 2/4/8", _kv_share),
     Section("balance", "split balance of the synth presets, round-robin write path", _balance),
@@ -190,9 +209,9 @@ SECTIONS: tuple[Section, ...] = (
     Section("cp_off", "CP off: bytes and step time by batch size, gloo ranks", _cp_off),
     Section("peer_read", "gather vs peer-read, prefetch off vs on, gloo ranks", _peer_read),
 )
-"""Every section, in the order their functions are called (module docstring): the timed
-in-process ones, then PD (its decode processes start from here on), then those that count
-bytes and the gloo ones."""
+"""Every section, in the order their functions are called (module docstring): the SGLang
+plugin's process (it runs beside all the rest), the timed in-process ones, then PD (its
+decode processes start from here on), then those that count bytes and the gloo ones."""
 
 
 def section_names() -> list[str]:

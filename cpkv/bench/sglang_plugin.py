@@ -17,7 +17,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["MARKER", "PluginTailBytes", "SglangPluginFigure", "sglang_plugin_figure"]
+__all__ = [
+    "MARKER",
+    "PluginTailBytes",
+    "SglangPluginFigure",
+    "SglangPluginRun",
+]
 
 MARKER = "cpkv-sglang-plugin-bench "
 """The result line's prefix (``cpkv_sglang/cpu/bench.py``)."""
@@ -62,25 +67,46 @@ class SglangPluginFigure:
         return document
 
 
-def sglang_plugin_figure(cp_size: int) -> SglangPluginFigure:
-    """Measures the section on ``cp_size`` CPU ranks, or says why it is skipped.
+class SglangPluginRun:
+    """The section's measuring process, started at once and read when its figure is wanted
+    (so it runs beside the bench's other sections; its SGLang import is ~12 s of one core)."""
 
-    Raises:
-        RuntimeError: the measuring process failed (its stderr's end is in the message).
-    """
-    missing = [name for name in ("sglang", "cpkv_sglang") if importlib.util.find_spec(name) is None]
-    if missing:
-        return SglangPluginFigure(
-            skipped=f"{' and '.join(missing)} not installed: scripts/setup.sh installs SGLang "
-            "0.5.23's CP path; section skipped"
+    def __init__(self, cp_size: int) -> None:
+        missing = [n for n in ("sglang", "cpkv_sglang") if importlib.util.find_spec(n) is None]
+        self.skipped = ""
+        self.process: subprocess.Popen[str] | None = None
+        if missing:
+            self.skipped = (
+                f"{' and '.join(missing)} not installed: scripts/setup.sh installs SGLang "
+                "0.5.23's CP path; section skipped"
+            )
+            return
+        self.command = [sys.executable, "-m", "cpkv_sglang.cpu.bench", "--cp-size", str(cp_size)]
+        self.process = subprocess.Popen(
+            self.command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-    command = [sys.executable, "-m", "cpkv_sglang.cpu.bench", "--cp-size", str(cp_size)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=_TIMEOUT_S)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(MARKER)]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(
-            f"sglang_plugin: {' '.join(command)} exited {done.returncode}: {done.stderr[-2000:]}"
-        )
-    document = json.loads(lines[-1].removeprefix(MARKER))
-    rows = [PluginTailBytes(**row) for row in document.pop("rows")]
-    return SglangPluginFigure(rows=rows, **document)
+
+    def figure(self) -> SglangPluginFigure:
+        """Waits for the process and reads its result line.
+
+        Raises:
+            RuntimeError: the measuring process failed (its stderr's end is in the message).
+        """
+        if self.process is None:
+            return SglangPluginFigure(skipped=self.skipped)
+        stdout, stderr = self.process.communicate(timeout=_TIMEOUT_S)
+        lines = [line for line in stdout.splitlines() if line.startswith(MARKER)]
+        if self.process.returncode != 0 or not lines:
+            raise RuntimeError(
+                f"sglang_plugin: {' '.join(self.command)} exited {self.process.returncode}: "
+                f"{stderr[-2000:]}"
+            )
+        document = json.loads(lines[-1].removeprefix(MARKER))
+        rows = [PluginTailBytes(**row) for row in document.pop("rows")]
+        return SglangPluginFigure(rows=rows, **document)
+
+    def close(self) -> None:
+        """Stops the process if it still runs (a bench that failed before reading it)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()

@@ -85,7 +85,6 @@ RULE_ENV = (
 """Environment variables SGLang's KV-sharding and PD rules read."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class SglangImport:
     """What an SGLang launch command says, as SGLang 0.5.23 reads it and as cpkv's flags."""
