@@ -118,3 +118,39 @@ def test_reductions_on_meta_give_the_shapes_and_dtypes_the_cpu_gives(
             on_cpu.shape,
             on_cpu.dtype,
         )
+
+
+def _left_to_right(terms: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of ``terms`` one by one, first to last: the order the ops promise."""
+    out = terms[0]
+    for term in terms[1:]:
+        out = out + term
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 7),
+    k=st.integers(1, 70),
+    m=st.integers(1, 9),
+    heads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_reductions_add_their_terms_first_to_last(
+    n: int, k: int, m: int, heads: int, seed: int
+) -> None:
+    """Each reduction gives the bits of the plain left-to-right loop over its terms (they run
+    on contiguous copies: a faster layout, the same multiplies and adds in the same order),
+    broadcast operands and a bf16 weight included."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, k, generator=gen) * 1e3
+    w = torch.randn(k, m, generator=gen).bfloat16()
+    assert torch.equal(linear(x, w), _left_to_right([x[:, i, None] * w[i] for i in range(k)]))
+    cube = torch.randn(n, k, m, generator=gen)
+    for dim in (0, 1, 2, -1):
+        terms = list(cube.unbind(dim))
+        assert torch.equal(ordered_sum(cube, dim), _left_to_right(terms)), dim
+    q, keys = torch.randn(n, heads, 1, k, generator=gen), torch.randn(1, 1, m, k, generator=gen)
+    q64, keys64 = q.double(), keys.double()
+    terms = [q64[..., i] * keys64[..., i] for i in range(k)]
+    assert torch.equal(ordered_dot(q, keys), _left_to_right(terms))

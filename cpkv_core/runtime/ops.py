@@ -44,9 +44,12 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     """
     if _shapes_only(x, weight) and x.dtype == weight.dtype:
         return x @ weight
-    out = x[:, 0, None] * weight[0]
+    columns = x.t().contiguous()  # NOTE: column i as one contiguous run (same ops, faster)
+    out = columns[0, :, None] * weight[0]
+    term = torch.empty_like(out)
     for i in range(1, weight.shape[0]):
-        out = out + x[:, i, None] * weight[i]
+        torch.mul(columns[i, :, None], weight[i], out=term)
+        out.add_(term)
     return out
 
 
@@ -54,9 +57,12 @@ def ordered_sum(x: Tensor, dim: int) -> Tensor:
     """Sum over ``dim`` slice by slice, first to last; removes ``dim``."""
     if _shapes_only(x):
         return x.sum(dim, dtype=x.dtype)
-    out = x.select(dim, 0)
-    for i in range(1, x.shape[dim]):
-        out = out + x.select(dim, i)
+    if x.shape[dim] == 1:
+        return x.select(dim, 0)
+    slices = x.movedim(dim, 0).contiguous()
+    out = slices[0] + slices[1]
+    for i in range(2, slices.shape[0]):
+        out.add_(slices[i])
     return out
 
 
@@ -119,7 +125,13 @@ def ordered_dot(a: Tensor, b: Tensor) -> Tensor:
     a64, b64 = a.double(), b.double()
     if _shapes_only(a, b):
         return (a64 * b64).sum(-1)
-    out = a64[..., 0] * b64[..., 0]
-    for i in range(1, a.shape[-1]):
-        out = out + a64[..., i] * b64[..., i]
+    # NOTE: the reduced dimension first, so each term's operands are contiguous; the same
+    # multiplies and adds in the same order as the plain loop (``test_ops``), several times
+    # faster at a latent's width.
+    a_terms, b_terms = a64.movedim(-1, 0).contiguous(), b64.movedim(-1, 0).contiguous()
+    out = a_terms[0] * b_terms[0]
+    term = torch.empty_like(out)
+    for i in range(1, a_terms.shape[0]):
+        torch.mul(a_terms[i], b_terms[i], out=term)
+        out.add_(term)
     return out
