@@ -251,6 +251,25 @@ def test_one_thread_rounds_are_timed_on_its_cpu_time() -> None:
     assert waits.wall_seconds >= 0.02 > waits.seconds
 
 
+def test_the_reusing_allocator_keeps_a_tensor_past_a_large_free_top() -> None:
+    """After more than the 2 GiB trim threshold is freed at the heap's top, tensors made and
+    freed call after call land in memory the heap has touched: without the top pad, the
+    free trimmed the top back to the system, and the calls faulted their tensors in again."""
+    cpu = torch.device("cpu")
+    part = 16 << 20
+    with bench_rows_measure.reusing_allocator(cpu) as allocator:
+        if allocator != "caching":
+            pytest.skip("no glibc to tell")
+        large = torch.ones(int(2.1 * (1 << 30)), dtype=torch.uint8)  # touched: held memory
+        del large
+        faults = []
+        for _ in range(4):
+            before = bench_rows_measure.minor_faults()
+            torch.empty(part, dtype=torch.uint8).fill_(1)
+            faults.append(bench_rows_measure.minor_faults() - before)
+    assert max(faults[1:]) * bench_rows_measure.PAGE_BYTES < bench_rows_measure.FAULT_SHARE * part
+
+
 def test_the_copy_ceiling_takes_no_page_faults() -> None:
     """A copy that faulted its destination in would run slower than the ceiling is."""
     ceiling = bench_rows_measure.CopyCeiling(torch.device("cpu"), piece_bytes=4 << 20)
