@@ -39,36 +39,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from flags.sglang.args import REPORTED
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "data" / "models"
 H200_MIB = 143771
 """``nvidia-smi --query-gpu=memory.total`` of an H200 (141 GB HBM3e), in MiB."""
 
-FIELDS = (
-    "tp_size",
-    "dp_size",
-    "attn_dp_size",
-    "attn_cp_size",
-    "ep_size",
-    "pp_size",
-    "dcp_size",
-    "enable_prefill_cp",
-    "cp_strategy",
-    "page_size",
-    "kv_cache_dtype",
-    "attention_backend",
-    "dsa_prefill_backend",
-    "dsa_decode_backend",
-    "moe_a2a_backend",
-    "enable_kv_cache_sharding",
-    "disaggregation_mode",
-    "disaggregation_transfer_backend",
-    "chunked_prefill_size",
-    "mem_fraction_static",
-    "dcp_replicate_q_proj",
-    "model_path",
-)
-"""The resolved ``ServerArgs`` fields a verdict records."""
+FIELDS = (*REPORTED, "model_path")
+"""The resolved ``ServerArgs`` fields a verdict records: those ``cpkv flags --json`` shows,
+and the model path."""
 
 ATTN_TP = "attn_tp_size"
 """Attention TP size, read from SGLang's resolved parallel view."""
