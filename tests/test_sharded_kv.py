@@ -226,7 +226,7 @@ def test_meta_guard_names_an_op_handed_a_host_tensor(monkeypatch: pytest.MonkeyP
     original = collect_mod.collect_narrow_last_token
 
     def host_index(comm, hidden, host, tensors):  # type: ignore[no-untyped-def]
-        cpu = dataclasses.replace(tensors, last_token_ranks=torch.zeros(host.bs, dtype=torch.int64))
+        cpu = dataclasses.replace(tensors, gathered_last_rows=torch.arange(host.bs))
         return original(comm, hidden, host, cpu)
 
     monkeypatch.setitem(collect_mod.COLLECTORS, OutputStrategy.NARROW_LAST_TOKEN, host_index)

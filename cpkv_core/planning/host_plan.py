@@ -277,7 +277,9 @@ def build_host_plan(
             "write_first": np.cumsum(writes["write_count"]) - writes["write_count"],
             "send_pages": read.pages,
             "last_tokens": last_tokens,
-            "last_ranks": last_ranks,
+            # NOTE: the row of each request's last token in the narrow tail's gather,
+            # ``[cp_size * bs]`` rank-major: a table, so the tail picks without index math.
+            "gathered_last_rows": last_ranks * len(last_ranks) + np.arange(len(last_ranks)),
             "local_last_rows": last_rows[local_last],
             "local_last_requests": local_last,
         }

@@ -82,11 +82,9 @@ def collect_narrow_last_token(
     Returns:
         ``[bs, hidden]`` last-token hidden states, identical on every rank.
     """
-    bs = host.bs
     contribution = _last_token_rows(hidden, host, tensors)
     gathered = comm.all_gather(contribution, "tail_hidden")  # [cp_size, bs, hidden]
-    rows = torch.arange(bs, device=hidden.device).add_(tensors.last_token_ranks, alpha=bs)
-    return gathered.flatten(0, 1).index_select(0, rows)
+    return gathered.flatten(0, 1).index_select(0, tensors.gathered_last_rows)
 
 
 def _last_token_rows(hidden: Tensor, host: HostPlan, tensors: BatchTensors) -> Tensor:

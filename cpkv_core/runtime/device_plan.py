@@ -40,7 +40,7 @@ class BatchTensors:
     # peer-read: [history_tokens] owners' pool rows read, owner by owner, in view order
     send_rows: Tensor
     last_token_indices: Tensor  # [bs]
-    last_token_ranks: Tensor  # [bs]
+    gathered_last_rows: Tensor  # [bs] row of each last token in the narrow tail's gather
     local_last_rows: Tensor  # [num_local_last]
     local_last_requests: Tensor  # [num_local_last]
 
@@ -146,7 +146,7 @@ def expand(plan: HostPlan, packed: Tensor, vocab_size: int) -> BatchTensors:
         written_locs=t["write_loc0"][run] + offset,
         send_rows=(send_pages[:, None] * ps + _arange(ps, packed)[None, :]).reshape(-1),
         last_token_indices=t["last_tokens"],
-        last_token_ranks=t["last_ranks"],
+        gathered_last_rows=t["gathered_last_rows"],
         local_last_rows=t["local_last_rows"],
         local_last_requests=t["local_last_requests"],
     )

@@ -164,7 +164,9 @@ class Fault:
         replace = dataclasses.replace
         if self.point is FaultPoint.NARROW_OUTPUT:
             if self.kind is FaultKind.OWNER:
-                return replace(t, last_token_ranks=(t.last_token_ranks + 1) % host.cp_size)
+                # NOTE: each request's row moves to the next rank's part of the gather.
+                rows = (t.gathered_last_rows + host.bs) % (host.cp_size * host.bs)
+                return replace(t, gathered_last_rows=rows)
             return replace(t, local_last_rows=(t.local_last_rows + 1) % max(host.num_local, 1))
         if self.point is FaultPoint.CURRENT_REUSE:
             return replace(t, key_rows=t.key_rows.roll(1))
