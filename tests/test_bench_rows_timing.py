@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 
 from cpkv.bench import rows_rounds
-from cpkv.bench.rows import GOAL_RATIO, RowsReport
+from cpkv.bench.rows import GOAL_RATIO, RowsReport, pooled_passes
 from cpkv.bench.rows_figures import RowsEntry
 from cpkv.bench.rows_setup import RowsGrid
 from cpkv.bench.rows_timing import NOISY_SPREAD, Timing
@@ -82,6 +82,33 @@ def test_an_entry_is_noisy_when_its_rounds_disagree(copies: tuple[float, ...], n
     timing = Timing((1.0, 1.0, 1.0), copies)
     assert pytest.approx(0.4) == NOISY_SPREAD * 0.8
     assert timing.noisy is noisy
+
+
+def test_pooled_timings_read_every_round_of_every_pass() -> None:
+    """Two instances of an op's buffers: 0.8 of the copy at one, 0.4 at the other. The pooled
+    timing's ratio and spread are over all six rounds; one instance's spread would hide the
+    other's."""
+    fast = Timing((1.0, 1.0, 1.0), (0.8, 0.8, 0.8), op_wall_rounds=(1.0,) * 3, page_faults=2)
+    slow = Timing((2.0, 2.0, 2.0), (0.8, 0.8, 0.8), op_wall_rounds=(3.0,) * 3, faulted_rounds=1)
+    pooled = Timing.pooled([fast, slow])
+    assert (pooled.rounds, pooled.placements) == (6, 2)
+    assert pooled.op_rounds == (1.0, 1.0, 1.0, 2.0, 2.0, 2.0)
+    assert (pooled.ratio_low, pooled.ratio_high) == pytest.approx((0.4, 0.8))
+    assert pooled.copy_seconds / pooled.seconds == pytest.approx(0.8 / 1.5)
+    assert (pooled.wall_seconds, pooled.copy_wall_seconds) == (2.0, None)
+    assert (pooled.page_faults, pooled.faulted_rounds) == (2, 1)
+    with pytest.raises(ValueError, match="at least one"):
+        Timing.pooled([])
+
+
+def test_passes_pool_one_op_at_one_point_and_refuse_to_mix_two() -> None:
+    fast = Timing((1.0,), (0.8,))
+    slow = Timing((2.0,), (0.8,))
+    pooled = pooled_passes([[entry("a", 4096, fast)], [entry("a", 4096, slow)]])
+    assert [e.timing.op_rounds for e in pooled] == [(1.0, 2.0)]
+    assert pooled[0].ratio_to_copy == pytest.approx(0.8 / 1.5)
+    with pytest.raises(RuntimeError, match="passes over the grid disagree"):
+        pooled_passes([[entry("a", 4096, fast)], [entry("a", 1024, slow)]])
 
 
 def test_a_timing_needs_a_copy_round_for_every_op_round() -> None:

@@ -6,13 +6,15 @@ Every op of ``bench_rows_ops`` runs on rank 0 of every point of the grid
 and random bytes: the engine's index plans and calls, no model maths. Per op and point:
 the bytes it writes, its median time and that of a contiguous copy of the same bytes timed
 round by round with it (``ratio_to_copy``, with its spread over the rounds:
-``rows_rounds``), and the peak scratch of one call next to what ``cpkv plan`` budgets for
+``rows_rounds``), the rounds of ``PLACEMENTS`` passes over the grid pooled, and the peak
+scratch of one call next to what ``cpkv plan`` budgets for
 it. From those: a projection per chunk over all the model's
 layers at each level, and slot against unique remap. ``docs/real-rows.md`` reads them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import statistics
 import time
@@ -28,16 +30,28 @@ from cpkv.bench.rows_measure import Clock, CopyCeiling, peak_scratch, reusing_al
 from cpkv.bench.rows_ops import RowOp, chunk_ops, replicated_ops, sharded_ops
 from cpkv.bench.rows_rounds import op_clock, time_op
 from cpkv.bench.rows_setup import RANK, PointSetup, RowFormat, RowsGrid, RowsPoint, row_format
-from cpkv.bench.rows_timing import NOISY_SPREAD
+from cpkv.bench.rows_timing import NOISY_SPREAD, Timing
 from cpkv.plan.kv_bytes import KvCacheDtype
 from cpkv_core.config import ModelConfig
 
-__all__ = ["GOAL_RATIO", "RowsReport", "run_rows_bench"]
+__all__ = [
+    "GOAL_RATIO",
+    "PLACEMENTS",
+    "ROWS_REPEATS",
+    "RowsReport",
+    "pooled_passes",
+    "run_rows_bench",
+]
 
 GOAL_RATIO = 0.5
 """The goal of every op at the grid's longest history: half the copy ceiling or better."""
 PLAN_REPEATS = 3
 """Host plan timings per view strategy (median)."""
+PLACEMENTS = 2
+"""Passes over the grid, each building every point's buffers afresh; each op's rounds of
+every pass are pooled into one timing (``rows_timing``)."""
+ROWS_REPEATS = 4
+"""Least timed rounds of an op in one pass (a short op takes more: ``rows_rounds``)."""
 
 
 def _measure(
@@ -47,16 +61,19 @@ def _measure(
     repeats: int,
     device: torch.device,
     clock: Clock,
+    profile: bool,
 ) -> RowsEntry:
-    if op.first_run is not None:
-        # NOTE: first, so the fresh buffers it allocates never sit beside the reused ones.
-        scratch = peak_scratch(op.first_run, device)
-    else:
+    if op.first_run is None:
         op.run()  # NOTE: a warm-up makes the peers' parts, so the profile sees the op alone
-        scratch = peak_scratch(op.run, device)
+    # NOTE: the batch's first call before the rounds, so the fresh buffers it allocates never
+    # sit beside the reused ones; profiled in the first pass only (``pooled_passes``).
+    first = op.first_run or op.run
+    scratch = peak_scratch(first, device) if profile else 0
+    if not profile:
+        first()
     timing = time_op(op.run, op.bytes, ceiling, repeats, device, clock)
     plan_seconds = None
-    if op.plan_seconds is not None:
+    if op.plan_seconds is not None and profile:
         plan_seconds = statistics.median(op.plan_seconds() for _ in range(PLAN_REPEATS))
     return RowsEntry(
         op=op.op,
@@ -85,8 +102,10 @@ def measure_point(
     repeats: int,
     device: torch.device,
     clock: Clock,
+    profile: bool = True,
 ) -> list[RowsEntry]:
-    """Every op of one point; the shards are freed before the replicated pool is made."""
+    """Every op of one point; the shards are freed before the replicated pool is made.
+    Without ``profile``, no scratch (0) and no plan time (None): the timings alone."""
     setup = PointSetup(model, fmt, point, grid, str(device))
     entries: list[RowsEntry] = []
     comm = RankAlone(RANK, point.cp_size)
@@ -95,7 +114,7 @@ def measure_point(
         groups += [replicated_ops(setup, comm), chunk_ops(setup)]
     for group in groups:
         for op in group:
-            entries.append(_measure(op, point, ceiling, repeats, device, clock))
+            entries.append(_measure(op, point, ceiling, repeats, device, clock, profile))
             del op
         setup.free_shards()
         comm.forget_parts()
@@ -123,6 +142,8 @@ class RowsReport:
     """Wall time of the whole run."""
     entries: list[RowsEntry]
     warnings: list[str]
+    placements: int = 1
+    """Passes over the grid whose rounds each entry pools."""
 
     @property
     def below_goal(self) -> list[RowsEntry]:
@@ -146,6 +167,7 @@ class RowsReport:
                 "allocator": self.allocator,
                 "torch_threads": self.threads,
                 "clock": self.clock,
+                "placements": self.placements,
                 "seconds": self.seconds,
                 "goal_ratio_to_copy": GOAL_RATIO,
                 "noisy_spread": NOISY_SPREAD,
@@ -157,30 +179,59 @@ class RowsReport:
         }
 
 
+def pooled_passes(passes: Sequence[Sequence[RowsEntry]]) -> list[RowsEntry]:
+    """Each entry of the first pass with the rounds of every pass pooled (``Timing.pooled``);
+    its scratch and plan time are the first pass's (later passes time the rounds alone). The
+    passes list the same ops in the same order."""
+    pooled = []
+    for same_op in zip(*passes, strict=True):
+        first = same_op[0]
+        if any(_identity(other) != _identity(first) for other in same_op):
+            raise RuntimeError(f"passes over the grid disagree at {_identity(first)}")
+        pooled.append(dataclasses.replace(first, timing=Timing.pooled([e.timing for e in same_op])))
+    return pooled
+
+
+def _identity(entry: RowsEntry) -> tuple[object, ...]:
+    """What makes two entries one op at one point."""
+    e = entry
+    return (e.op, e.variant, e.history, e.cp_size, e.bs, e.shared_prefix, e.bytes)
+
+
 def run_rows_bench(
     model: ModelConfig,
     kv_dtype: KvCacheDtype,
     grid: RowsGrid,
-    repeats: int = 3,
+    repeats: int = ROWS_REPEATS,
     device: str = "cpu",
     on_step: Callable[[str], None] | None = None,
     warnings: Sequence[str] = (),
+    placements: int = PLACEMENTS,
 ) -> RowsReport:
-    """Measures every op at every point of ``grid``; ``on_step`` hears each point."""
+    """Measures every op at every point of ``grid``, ``placements`` times over (at least
+    ``repeats`` rounds each time); ``on_step`` hears each point."""
+    if placements < 1:
+        raise ValueError(f"a run takes at least one pass over the grid, not {placements}")
     began = time.perf_counter()
     fmt = row_format(model, kv_dtype)
     run_device = torch.device(device)
     ceiling = CopyCeiling(run_device)
     clock_name, clock = op_clock(run_device)
-    entries: list[RowsEntry] = []
+    passes: list[list[RowsEntry]] = []
     with reusing_allocator(run_device) as allocator:
-        for point in grid.points():
-            if on_step is not None:
-                on_step(
-                    f"{model.name} rows: history {point.history}, bs {point.bs}, cp "
-                    f"{point.cp_size}{', shared prefix' if point.shared_prefix else ''}"
+        for placement in range(placements):
+            entries: list[RowsEntry] = []
+            for point in grid.points():
+                if on_step is not None:
+                    on_step(
+                        f"{model.name} rows, pass {placement + 1}/{placements}: history "
+                        f"{point.history}, bs {point.bs}, cp {point.cp_size}"
+                        f"{', shared prefix' if point.shared_prefix else ''}"
+                    )
+                entries += measure_point(
+                    model, fmt, point, grid, ceiling, repeats, run_device, clock, placement == 0
                 )
-            entries += measure_point(model, fmt, point, grid, ceiling, repeats, run_device, clock)
+            passes.append(entries)
     notes = list(warnings)
     if allocator == "system":
         notes.append("no glibc to keep freed memory: fresh CPU tensors pay their page faults")
@@ -196,6 +247,7 @@ def run_rows_bench(
         threads=torch.get_num_threads(),
         clock=clock_name,
         seconds=time.perf_counter() - began,
-        entries=entries,
+        entries=pooled_passes(passes),
         warnings=notes,
+        placements=placements,
     )

@@ -79,6 +79,8 @@ class RowsEntry:
         timing: dict[str, Any] = fields.pop("timing")
         t = self.timing
         rounds = {name: list(timing.pop(name)) for name in ("op_rounds", "copy_rounds")}
+        for name in ("op_wall_rounds", "copy_wall_rounds"):
+            del timing[name]
         return (
             fields
             | {
@@ -87,6 +89,8 @@ class RowsEntry:
                 "rounds": t.rounds,
                 "best_seconds": t.best_seconds,
                 "copy_best_seconds": t.copy_best_seconds,
+                "wall_seconds": t.wall_seconds,
+                "copy_wall_seconds": t.copy_wall_seconds,
             }
             | timing
             | {

@@ -2,6 +2,12 @@
 (op, copy, op, copy ...), and what is read off them: the ratio of the medians and its
 spread, the lowest and highest ratio of one round's copy to the same round's op.
 
+A run times every op at ``placements`` instances of its buffers (``rows.run_rows_bench``)
+and pools their rounds (``Timing.pooled``): where an op's buffers sit in memory moves its
+time between instances by more than its rounds at one instance spread (up to 1.8x for
+``pd-pack`` at 128K; the copy beside it, in buffers of its own, barely moves), so a spread
+over one instance says nothing about the next run.
+
 A round's op and copy run back to back on the same clock, so whatever slows the machine in
 that round slows both; the per-round ratios show how far the rounds agree. An entry whose
 spread is wider than ``NOISY_SPREAD`` of its ratio is marked ``noisy``: its ratio stands,
@@ -11,6 +17,7 @@ but the rounds disagreed by more than the bench's figures are read to.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["NOISY_SPREAD", "Timing"]
@@ -19,6 +26,16 @@ NOISY_SPREAD = 0.5
 """An entry is ``noisy`` when its highest per-round ratio minus its lowest is more than this
 share of its ratio of medians (0.5: e.g. 0.6-0.9 around 0.75 is noisy, 0.7-0.9 around 0.8 is
 not)."""
+
+
+def _joined(parts: Sequence[tuple[float, ...] | None]) -> tuple[float, ...] | None:
+    """Every part's rounds in order; None when a part has none (wall rounds on CUDA)."""
+    joined: list[float] = []
+    for part in parts:
+        if part is None:
+            return None
+        joined += part
+    return tuple(joined)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +50,12 @@ class Timing:
     """The op's seconds in each round the medians are over."""
     copy_rounds: tuple[float, ...]
     """The copy's seconds in the same rounds, each right after the op."""
-    wall_seconds: float | None = None
-    """The op's median round on the wall clock (None on CUDA, where a round's wall time
-    would need a host sync inside it)."""
-    copy_wall_seconds: float | None = None
+    op_wall_rounds: tuple[float, ...] | None = None
+    """The op's rounds on the wall clock (None on CUDA, where a round's wall time would need
+    a host sync inside it)."""
+    copy_wall_rounds: tuple[float, ...] | None = None
+    placements: int = 1
+    """Instances of the op's buffers the rounds were taken at (``pooled``)."""
     page_faults: int = 0
     """Minor page faults the op's timed calls took, all rounds together, set-aside rounds
     included (0: it ran on memory the allocator held, as on a device)."""
@@ -50,6 +69,22 @@ class Timing:
                 f"a timing needs as many copy rounds as op rounds, at least one; got "
                 f"{len(self.op_rounds)} op and {len(self.copy_rounds)} copy rounds"
             )
+
+    @classmethod
+    def pooled(cls, timings: Sequence[Timing]) -> Timing:
+        """One timing of every round of ``timings`` (one op at several instances of its
+        buffers), in order: its medians and spread are over them all."""
+        if not timings:
+            raise ValueError("pooling needs at least one timing")
+        return cls(
+            op_rounds=tuple(r for t in timings for r in t.op_rounds),
+            copy_rounds=tuple(r for t in timings for r in t.copy_rounds),
+            op_wall_rounds=_joined([t.op_wall_rounds for t in timings]),
+            copy_wall_rounds=_joined([t.copy_wall_rounds for t in timings]),
+            placements=sum(t.placements for t in timings),
+            page_faults=sum(t.page_faults for t in timings),
+            faulted_rounds=sum(t.faulted_rounds for t in timings),
+        )
 
     @property
     def rounds(self) -> int:
@@ -65,6 +100,17 @@ class Timing:
     def copy_seconds(self) -> float:
         """The copy's median round."""
         return statistics.median(self.copy_rounds)
+
+    @property
+    def wall_seconds(self) -> float | None:
+        """The op's median round on the wall clock (None on CUDA)."""
+        return None if self.op_wall_rounds is None else statistics.median(self.op_wall_rounds)
+
+    @property
+    def copy_wall_seconds(self) -> float | None:
+        """The copy's median round on the wall clock (None on CUDA)."""
+        walls = self.copy_wall_rounds
+        return None if walls is None else statistics.median(walls)
 
     @property
     def best_seconds(self) -> float:

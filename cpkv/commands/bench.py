@@ -11,7 +11,7 @@ import torch
 import typer
 from rich.markup import escape
 
-from cpkv.bench.rows import run_rows_bench
+from cpkv.bench.rows import ROWS_REPEATS, run_rows_bench
 from cpkv.bench.rows_setup import GRIDS
 from cpkv.bench.sections import SECTIONS, section_names
 from cpkv.bench.suite import SectionTime, run_bench
@@ -40,8 +40,17 @@ CpSizeOpt = Annotated[
 ]
 PageSizeOpt = Annotated[int, typer.Option("--page-size", help="Tokens per KV page.")]
 RepeatsOpt = Annotated[
-    int, typer.Option("--repeats", min=1, help="Timed rounds per figure, after a warm-up.")
+    int | None,
+    typer.Option(
+        "--repeats",
+        min=1,
+        show_default=False,
+        help="Timed rounds per figure, after a warm-up (default 3; with --rows, the least "
+        "rounds of each op in each of its 2 passes, default 6).",
+    ),
 ]
+BENCH_REPEATS = 3
+"""``--repeats`` of the tiny model's figures."""
 TraceOpt = Annotated[
     Path | None,
     typer.Option("--trace", metavar="TRACE", help="Trace to measure; default: the built-in one."),
@@ -111,7 +120,7 @@ RowsThreadsOpt = Annotated[
 def bench_command(
     cp_size: CpSizeOpt = 4,
     page_size: PageSizeOpt = 64,
-    repeats: RepeatsOpt = 3,
+    repeats: RepeatsOpt = None,
     trace_path: TraceOpt = None,
     cp_min_tokens: CpMinTokensOpt = None,
     device: DeviceOpt = Device.CPU,
@@ -154,7 +163,7 @@ def bench_command(
             model_preset(RUN_MODEL),
             deploy,
             trace.batches,
-            repeats,
+            BENCH_REPEATS if repeats is None else repeats,
             warnings=[warning] if warning else [],
             debug_checks=flags.debug_cp_shared_kv,
             on_step=lambda name: status.update(f"bench: {name}"),
@@ -207,7 +216,7 @@ def run_rows_command(
     grid: str,
     kv_cache_dtype: str,
     threads: int,
-    repeats: int,
+    repeats: int | None,
     device: Device,
     as_json: bool,
     out_dir: Path | None,
@@ -224,7 +233,7 @@ def run_rows_command(
             model,
             kv_dtype,
             GRIDS[grid],
-            repeats,
+            ROWS_REPEATS if repeats is None else repeats,
             str(device),
             on_step=lambda name: status.update(f"bench: {name}"),
         )

@@ -126,7 +126,7 @@ def render_rows(console: Console, report: RowsReport) -> None:
         f"{report.model}: {report.row_bytes} B a token a layer ({report.kv_cache_dtype}), "
         f"{report.num_layers} layers, rank 0 of each point on {report.device} "
         f"({report.threads} torch threads, {report.allocator} allocator, {report.clock} "
-        f"clock), {report.seconds:.0f} s"
+        f"clock, {report.placements} passes over the grid), {report.seconds:.0f} s"
     )
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
@@ -134,9 +134,9 @@ def render_rows(console: Console, report: RowsReport) -> None:
     console.print(_ops_table(report, longest))
     noisy = sum(e.timing.noisy for e in report.entries)
     console.print(
-        "ratio: the copy's median round over the op's; spread: the lowest and highest ratio "
-        f"within one round; noisy: a spread over {NOISY_SPREAD} of the ratio ({noisy} of "
-        f"{len(report.entries)} entries)"
+        "ratio: the copy's median round over the op's, the rounds of every pass pooled; "
+        "spread: the lowest and highest ratio within one round; noisy: a spread over "
+        f"{NOISY_SPREAD} of the ratio ({noisy} of {len(report.entries)} entries)"
     )
     console.print(_summary_table(report))
     console.print(_projection_table(report, longest))
