@@ -22,11 +22,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cpkv.bench import rows_measure as bench_rows_measure
-from cpkv.bench import rows_rounds
-from cpkv.bench.rows_group import RankAlone
-from cpkv.bench.rows_ops import chunk_ops, replicated_ops, sharded_ops
-from cpkv.bench.rows_setup import GRIDS, PointSetup, row_format
+from cpkv.bench.rows import measure as bench_rows_measure
+from cpkv.bench.rows import rounds as rows_rounds
+from cpkv.bench.rows.group import RankAlone
+from cpkv.bench.rows.ops import chunk_ops, replicated_ops, sharded_ops
+from cpkv.bench.rows.setup import GRIDS, PointSetup, row_format
 from cpkv.cli import app
 from cpkv.plan.kv_bytes import KvCacheDtype
 from cpkv_core.config import model_preset

@@ -10,11 +10,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from cpkv.bench import rows_rounds
-from cpkv.bench.rows import GOAL_RATIO, RowsReport, pooled_passes
-from cpkv.bench.rows_figures import RowsEntry
-from cpkv.bench.rows_setup import RowsGrid
-from cpkv.bench.rows_timing import NOISY_SPREAD, Timing
+from cpkv.bench.rows import rounds as rows_rounds
+from cpkv.bench.rows.figures import RowsEntry
+from cpkv.bench.rows.run import GOAL_RATIO, RowsReport, pooled_passes
+from cpkv.bench.rows.setup import RowsGrid
+from cpkv.bench.rows.timing import NOISY_SPREAD, Timing
 from cpkv.render.rows import _ops_table
 
 GRID = RowsGrid("hand", (1024, 4096), 2048, (1,), (2,))

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 
 from cpkv.bench.rows import ROWS_REPEATS, run_rows_bench
-from cpkv.bench.rows_setup import GRIDS
+from cpkv.bench.rows.setup import GRIDS
 from cpkv.bench.sections import SECTIONS, section_names
 from cpkv.bench.suite import SectionTime, run_bench
 from cpkv.commands.options import DeviceOpt, JsonOpt, out_option, print_written

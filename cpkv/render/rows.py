@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from cpkv.bench.rows import GOAL_RATIO, RowsReport
-from cpkv.bench.rows_figures import RowsEntry, projection, slot_vs_unique
-from cpkv.bench.rows_timing import NOISY_SPREAD
+from cpkv.bench.rows.figures import RowsEntry, projection, slot_vs_unique
+from cpkv.bench.rows.timing import NOISY_SPREAD
 
 __all__ = ["render_rows"]
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cpkv.bench.rows_group import RankAlone
-from cpkv.bench.rows_measure import sync
-from cpkv.bench.rows_setup import RANK, PointSetup
+from cpkv.bench.rows.group import RankAlone
+from cpkv.bench.rows.measure import sync
+from cpkv.bench.rows.setup import RANK, PointSetup
 from cpkv.plan.capacity import scratch_tokens
 from cpkv_core.config import MaterializeMode
 from cpkv_core.pd.pack import pack_rows, row_views

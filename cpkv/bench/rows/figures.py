@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cpkv.bench.rows_timing import Timing
+from cpkv.bench.rows.timing import Timing
 
 __all__ = [
     "TIE_BAND",

@@ -1,12 +1,12 @@
 """``cpkv bench --rows MODEL``: cpkv's data movement at a production model's row widths and
 lengths, against the copy ceiling of the device it runs on.
 
-Every op of ``bench_rows_ops`` runs on rank 0 of every point of the grid
-(``bench_rows_setup``), with the model's per-token per-layer rows in their storage dtype
+Every op of ``ops`` runs on rank 0 of every point of the grid
+(``setup``), with the model's per-token per-layer rows in their storage dtype
 and random bytes: the engine's index plans and calls, no model maths. Per op and point:
 the bytes it writes, its median time and that of a contiguous copy of the same bytes timed
 round by round with it (``ratio_to_copy``, with its spread over the rounds:
-``rows_rounds``), the rounds of ``PLACEMENTS`` passes over the grid pooled, and the peak
+``rounds``), the rounds of ``PLACEMENTS`` passes over the grid pooled, and the peak
 scratch of one call next to what ``cpkv plan`` budgets for
 it. From those: a projection per chunk over all the model's
 layers at each level, and slot against unique remap. ``docs/real-rows.md`` reads them.
@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from cpkv.bench.rows_figures import RowsEntry, projection, slot_vs_unique
-from cpkv.bench.rows_group import RankAlone
-from cpkv.bench.rows_measure import Clock, CopyCeiling, peak_scratch, reusing_allocator
-from cpkv.bench.rows_ops import RowOp, chunk_ops, replicated_ops, sharded_ops
-from cpkv.bench.rows_rounds import op_clock, time_op
-from cpkv.bench.rows_setup import RANK, PointSetup, RowFormat, RowsGrid, RowsPoint, row_format
-from cpkv.bench.rows_timing import NOISY_SPREAD, Timing
+from cpkv.bench.rows.figures import RowsEntry, projection, slot_vs_unique
+from cpkv.bench.rows.group import RankAlone
+from cpkv.bench.rows.measure import Clock, CopyCeiling, peak_scratch, reusing_allocator
+from cpkv.bench.rows.ops import RowOp, chunk_ops, replicated_ops, sharded_ops
+from cpkv.bench.rows.rounds import op_clock, time_op
+from cpkv.bench.rows.setup import RANK, PointSetup, RowFormat, RowsGrid, RowsPoint, row_format
+from cpkv.bench.rows.timing import NOISY_SPREAD, Timing
 from cpkv.plan.kv_bytes import KvCacheDtype
 from cpkv_core.config import ModelConfig
 
@@ -49,9 +49,9 @@ PLAN_REPEATS = 3
 """Host plan timings per view strategy (median)."""
 PLACEMENTS = 2
 """Passes over the grid, each building every point's buffers afresh; each op's rounds of
-every pass are pooled into one timing (``rows_timing``)."""
+every pass are pooled into one timing (``timing``)."""
 ROWS_REPEATS = 4
-"""Least timed rounds of an op in one pass (a short op takes more: ``rows_rounds``)."""
+"""Least timed rounds of an op in one pass (a short op takes more: ``rounds``)."""
 
 
 def _measure(
@@ -137,7 +137,7 @@ class RowsReport:
     threads: int
     clock: str
     """What the rounds are timed on: ``thread-cpu``, ``wall`` or ``cuda-events``
-    (``rows_rounds.op_clock``)."""
+    (``rounds.op_clock``)."""
     seconds: float
     """Wall time of the whole run."""
     entries: list[RowsEntry]

@@ -1,6 +1,6 @@
 """What the real-rows bench measures an op against, and with: the copy ceiling, the page
 faults of a call, the peak of the temporaries one call allocates, and a CPU allocator that
-holds what it is handed back (``rows_rounds`` times the rounds).
+holds what it is handed back (``rounds`` times the rounds).
 
 - **Copy ceiling.** ``CopyCeiling.copy(n)`` copies ``n`` bytes between two contiguous
   64 MiB buffers on the op's device (more than a server CPU's last-level cache), in pieces
@@ -17,10 +17,10 @@ holds what it is handed back (``rows_rounds`` times the rounds).
   makes glibc keep every freed byte (``mallopt``) for the run, as a caching allocator
   would. It still places a call's temporaries by best fit, which for several calls after
   an op's sizes first appear is memory past what the heap has touched, and now and then a
-  call in held memory followed by one in fresh memory again; ``rows_rounds.warm_up`` waits
+  call in held memory followed by one in fresh memory again; ``rounds.warm_up`` waits
   until ``SETTLED_CALLS`` calls in a row take no faults (``faulted``), and
   ``Timing.page_faults`` counts those the timed calls still took. A timed round that
-  faulted is set aside and run again (``rows_rounds.time_op``), a bounded number of times.
+  faulted is set aside and run again (``rounds.time_op``), a bounded number of times.
   Nothing is handed back between ops: pages handed back inside the heap (``malloc_trim``)
   are where glibc places the next op's temporaries, so each of its calls faulted them in
   again, up to 4x its time. glibc still trims the heap's top on a free once the top's free

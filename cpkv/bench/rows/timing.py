@@ -2,7 +2,7 @@
 (op, copy, op, copy ...), and what is read off them: the ratio of the medians and its
 spread, the lowest and highest ratio of one round's copy to the same round's op.
 
-A run times every op at ``placements`` instances of its buffers (``rows.run_rows_bench``)
+A run times every op at ``placements`` instances of its buffers (``run.run_rows_bench``)
 and pools their rounds (``Timing.pooled``): where an op's buffers sit in memory moves its
 time between instances by more than its rounds at one instance spread (up to 1.8x for
 ``pd-pack`` at 128K; the copy beside it, in buffers of its own, barely moves), so a spread
@@ -41,7 +41,7 @@ def _joined(parts: Sequence[tuple[float, ...] | None]) -> tuple[float, ...] | No
 @dataclass(frozen=True, slots=True)
 class Timing:
     """One op's timed rounds and its copy's, in seconds on the run's clock
-    (``rows_rounds.op_clock``); ``op_rounds[i]`` and ``copy_rounds[i]`` are one round.
+    (``rounds.op_clock``); ``op_rounds[i]`` and ``copy_rounds[i]`` are one round.
 
     Invariant: both hold the same number of rounds, at least one.
     """

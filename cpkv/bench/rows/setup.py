@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from cpkv.bench.measure import ALL_PHASES
-from cpkv.bench.rows_group import random_bytes_
+from cpkv.bench.rows.group import random_bytes_
 from cpkv.plan.kv_bytes import KvCacheDtype, kv_bytes_per_token_per_layer, latent_bytes_per_token
 from cpkv.run.loop import HostLoop
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, ModelConfig

@@ -11,7 +11,7 @@ op and then the copy of its bytes (op, copy, op, copy ...), on one clock.
 - **Rounds.** At least ``repeats``, more for a short op, up to ``MAX_REPEATS`` or about
   ``ROUND_BUDGET_S`` of rounds on the clock (as many rounds on a loaded machine as on an
   idle one). On the CPU a round whose op faulted fresh memory in
-  (``rows_measure.faulted``) is set aside and run again, up to as many extra rounds as were
+  (``measure.faulted``) is set aside and run again, up to as many extra rounds as were
   asked for: it timed glibc's placement, which a device's caching allocator does not do.
 - **Figures** (``Timing``): the ratio of the copy's median round to the op's, and its spread,
   the lowest and highest ratio within one round.
@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import torch
 
-from cpkv.bench.rows_measure import Clock, CopyCeiling, faulted, minor_faults, sync
-from cpkv.bench.rows_timing import Timing
+from cpkv.bench.rows.measure import Clock, CopyCeiling, faulted, minor_faults, sync
+from cpkv.bench.rows.timing import Timing
 
 __all__ = [
     "MAX_REPEATS",
@@ -79,7 +79,7 @@ def warm_up(run: Run, nbytes: int, device: torch.device) -> None:
     On the CPU a call faults in the memory its temporaries take when glibc places them past
     what the heap has touched. glibc's best fit does so for several calls after an op's
     sizes first appear, and can place one call in held memory and the next in fresh memory
-    again (``rows_measure``); a call without faults alone does not show that the op has
+    again (``measure``); a call without faults alone does not show that the op has
     settled.
     """
     if device.type != "cpu":
