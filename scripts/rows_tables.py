@@ -83,14 +83,24 @@ def agreement(idle: dict[str, Any], busy: dict[str, Any]) -> str:
     )
     shifts = [b[k]["ratio_to_copy"] / a[k]["ratio_to_copy"] - 1 for k in keys]
     worst = max(keys, key=lambda k: abs(b[k]["ratio_to_copy"] / a[k]["ratio_to_copy"] - 1))
+    outside = [
+        f"{_name(k)}: {b[k]['ratio_to_copy']:.2f} against {a[k]['ratio_low']:.2f}-"
+        f"{a[k]['ratio_high']:.2f}"
+        for k in keys
+        if not a[k]["ratio_low"] <= b[k]["ratio_to_copy"] <= a[k]["ratio_high"]
+    ]
     return (
         f"{len(keys)} entries at {longest}: {inside} with the second run's ratio inside the "
         f"first's spread, {overlap} whose spreads overlap; the ratio moved by "
         f"{statistics.median(abs(s) for s in shifts):.1%} (median), at most "
-        f"{max(abs(s) for s in shifts):.1%} ({worst[0]}/{worst[1]} bs {worst[4]} cp {worst[5]}"
-        f"{' shared' if worst[2] else ''}: {a[worst]['ratio_to_copy']:.2f} -> "
-        f"{b[worst]['ratio_to_copy']:.2f})"
+        f"{max(abs(s) for s in shifts):.1%} ({_name(worst)}: {a[worst]['ratio_to_copy']:.2f} "
+        f"-> {b[worst]['ratio_to_copy']:.2f}). Outside: {'; '.join(outside) or 'none'}"
     )
+
+
+def _name(key: tuple[Any, ...]) -> str:
+    """``op/variant bs B cp C [shared]`` of a ``_keyed`` key."""
+    return f"{key[0]}/{key[1]} bs {key[4]} cp {key[5]}{' shared' if key[2] else ''}"
 
 
 def summary(doc: dict[str, Any], name: str) -> str:

@@ -14,7 +14,7 @@ from cpkv.bench.rows import rounds as rows_rounds
 from cpkv.bench.rows.figures import RowsEntry
 from cpkv.bench.rows.run import GOAL_RATIO, RowsReport, pooled_passes
 from cpkv.bench.rows.setup import RowsGrid
-from cpkv.bench.rows.timing import NOISY_SPREAD, Timing
+from cpkv.bench.rows.timing import CLOCK_FLOOR_S, NOISY_SPREAD, Timing
 from cpkv.render.rows import _ops_table
 
 GRID = RowsGrid("hand", (1024, 4096), 2048, (1,), (2,))
@@ -109,6 +109,15 @@ def test_passes_pool_one_op_at_one_point_and_refuse_to_mix_two() -> None:
     assert pooled[0].ratio_to_copy == pytest.approx(0.8 / 1.5)
     with pytest.raises(RuntimeError, match="passes over the grid disagree"):
         pooled_passes([[entry("a", 4096, fast)], [entry("a", 1024, slow)]])
+
+
+def test_a_round_the_clock_did_not_see_pass_gives_a_ratio_not_an_error() -> None:
+    """An op round of 0 s (a short op next to ``yes``, once): every figure is finite."""
+    zero = entry("a", 4096, Timing((0.0, 1e-4, 1e-4), (5e-5, 5e-5, 5e-5)))
+    doc = zero.to_json()
+    assert doc["ratio_to_copy"] == pytest.approx(0.5)
+    assert doc["ratio_to_copy_best"] == pytest.approx(5e-5 / CLOCK_FLOOR_S)
+    assert doc["ratio_high"] == pytest.approx(5e-5 / CLOCK_FLOOR_S) and doc["noisy"] is True
 
 
 def test_a_timing_needs_a_copy_round_for_every_op_round() -> None:

@@ -11,7 +11,7 @@ import torch
 import typer
 from rich.markup import escape
 
-from cpkv.bench.rows import ROWS_REPEATS, run_rows_bench
+from cpkv.bench.rows import PLACEMENTS, ROWS_REPEATS, run_rows_bench
 from cpkv.bench.rows.setup import GRIDS
 from cpkv.bench.sections import SECTIONS, section_names
 from cpkv.bench.suite import SectionTime, run_bench
@@ -39,18 +39,19 @@ CpSizeOpt = Annotated[
     int, typer.Option("--cp-size", help="CP ranks for gate timing and the gloo step time.")
 ]
 PageSizeOpt = Annotated[int, typer.Option("--page-size", help="Tokens per KV page.")]
+BENCH_REPEATS = 3
+"""``--repeats`` of the tiny model's figures."""
 RepeatsOpt = Annotated[
     int | None,
     typer.Option(
         "--repeats",
         min=1,
         show_default=False,
-        help="Timed rounds per figure, after a warm-up (default 3; with --rows, the least "
-        "rounds of each op in each of its 2 passes, default 6).",
+        help=f"Timed rounds per figure, after a warm-up (default {BENCH_REPEATS}; with --rows, "
+        f"the least rounds of each op in each of its {PLACEMENTS} passes, default "
+        f"{ROWS_REPEATS}).",
     ),
 ]
-BENCH_REPEATS = 3
-"""``--repeats`` of the tiny model's figures."""
 TraceOpt = Annotated[
     Path | None,
     typer.Option("--trace", metavar="TRACE", help="Trace to measure; default: the built-in one."),

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cpkv.bench.rows.timing import Timing
+from cpkv.bench.rows.timing import CLOCK_FLOOR_S, Timing
 
 __all__ = [
     "TIE_BAND",
@@ -52,18 +52,18 @@ class RowsEntry:
     @property
     def gb_per_s(self) -> float:
         """Bytes written per second, in GB (1e9)."""
-        return self.bytes / self.seconds / 1e9
+        return self.bytes / max(self.seconds, CLOCK_FLOOR_S) / 1e9
 
     @property
     def ratio_to_copy(self) -> float:
         """Its rate over a contiguous copy's of the same bytes, in the same rounds: the
         copy's median round over the op's median round."""
-        return self.timing.copy_seconds / self.seconds
+        return self.timing.copy_seconds / max(self.seconds, CLOCK_FLOOR_S)
 
     @property
     def ratio_to_copy_best(self) -> float:
         """The fastest round's rate over the fastest copy's (less noise on a busy machine)."""
-        return self.timing.copy_best_seconds / self.timing.best_seconds
+        return self.timing.copy_best_seconds / max(self.timing.best_seconds, CLOCK_FLOOR_S)
 
     @property
     def scratch_over_plan(self) -> float | None:

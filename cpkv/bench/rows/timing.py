@@ -20,8 +20,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["NOISY_SPREAD", "Timing"]
+__all__ = ["CLOCK_FLOOR_S", "NOISY_SPREAD", "Timing"]
 
+CLOCK_FLOOR_S = 1e-9
+"""The least seconds a round is read as when a ratio divides by it (the clocks' resolution):
+a round the clock did not see pass gives a large ratio, not a division by zero (a 50 us op
+read 0 s once on the thread-CPU clock next to ``yes``)."""
 NOISY_SPREAD = 0.5
 """An entry is ``noisy`` when its highest per-round ratio minus its lowest is more than this
 share of its ratio of medians (0.5: e.g. 0.6-0.9 around 0.75 is noisy, 0.7-0.9 around 0.8 is
@@ -126,7 +130,7 @@ class Timing:
     def round_ratios(self) -> tuple[float, ...]:
         """Each round's copy over the same round's op."""
         pairs = zip(self.op_rounds, self.copy_rounds, strict=True)
-        return tuple(copy / max(op, 1e-12) for op, copy in pairs)
+        return tuple(copy / max(op, CLOCK_FLOOR_S) for op, copy in pairs)
 
     @property
     def ratio_low(self) -> float:
@@ -141,5 +145,5 @@ class Timing:
     @property
     def noisy(self) -> bool:
         """The spread is wider than ``NOISY_SPREAD`` of the ratio of medians."""
-        ratio = self.copy_seconds / max(self.seconds, 1e-12)
+        ratio = self.copy_seconds / max(self.seconds, CLOCK_FLOOR_S)
         return self.ratio_high - self.ratio_low > NOISY_SPREAD * ratio
