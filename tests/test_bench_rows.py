@@ -12,7 +12,6 @@ The tiny grid (page 16, cp 2): each request has 128 history tokens (8 pages) and
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import mmap
 import time
@@ -270,8 +269,7 @@ class _Mallinfo2(ctypes.Structure):
 
 def _top_bytes() -> int | None:
     """The free bytes at the heap's top glibc holds (``keepcost``); None without glibc 2.33."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
+    libc = bench_rows_measure._libc()  # NOTE: the libc the allocator tunes, found as it does
     if libc is None or not hasattr(libc, "mallinfo2"):
         return None
     libc.mallinfo2.restype = _Mallinfo2

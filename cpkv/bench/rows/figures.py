@@ -58,12 +58,12 @@ class RowsEntry:
     def ratio_to_copy(self) -> float:
         """Its rate over a contiguous copy's of the same bytes, in the same rounds: the
         copy's median round over the op's median round."""
-        return self.timing.copy_seconds / max(self.seconds, CLOCK_FLOOR_S)
+        return self.timing.ratio
 
     @property
     def ratio_to_copy_best(self) -> float:
         """The fastest round's rate over the fastest copy's (less noise on a busy machine)."""
-        return self.timing.copy_best_seconds / max(self.timing.best_seconds, CLOCK_FLOOR_S)
+        return self.timing.best_ratio
 
     @property
     def scratch_over_plan(self) -> float | None:

@@ -24,8 +24,8 @@ __all__ = ["CLOCK_FLOOR_S", "NOISY_SPREAD", "Timing"]
 
 CLOCK_FLOOR_S = 1e-9
 """The least seconds a round is read as when a ratio divides by it (the clocks' resolution):
-a round the clock did not see pass gives a large ratio, not a division by zero (a 50 us op
-read 0 s once on the thread-CPU clock next to ``yes``)."""
+a round the clock did not see pass gives a large ratio, not a division by zero (an op's
+round read 0 s once on the thread-CPU clock next to ``yes``, and the run lost its JSON)."""
 NOISY_SPREAD = 0.5
 """An entry is ``noisy`` when its highest per-round ratio minus its lowest is more than this
 share of its ratio of medians (0.5: e.g. 0.6-0.9 around 0.75 is noisy, 0.7-0.9 around 0.8 is
@@ -127,6 +127,16 @@ class Timing:
         return min(self.copy_rounds)
 
     @property
+    def ratio(self) -> float:
+        """The copy's median round over the op's: the op's rate over the copy's."""
+        return self.copy_seconds / max(self.seconds, CLOCK_FLOOR_S)
+
+    @property
+    def best_ratio(self) -> float:
+        """The copy's fastest round over the op's fastest round."""
+        return self.copy_best_seconds / max(self.best_seconds, CLOCK_FLOOR_S)
+
+    @property
     def round_ratios(self) -> tuple[float, ...]:
         """Each round's copy over the same round's op."""
         pairs = zip(self.op_rounds, self.copy_rounds, strict=True)
@@ -145,5 +155,4 @@ class Timing:
     @property
     def noisy(self) -> bool:
         """The spread is wider than ``NOISY_SPREAD`` of the ratio of medians."""
-        ratio = self.copy_seconds / max(self.seconds, CLOCK_FLOOR_S)
-        return self.ratio_high - self.ratio_low > NOISY_SPREAD * ratio
+        return self.ratio_high - self.ratio_low > NOISY_SPREAD * self.ratio
