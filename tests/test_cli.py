@@ -111,7 +111,7 @@ def test_verify_on_meta_names_the_op_that_read_a_value(
     levels = json.loads(result.stdout)["levels"]
     assert [lv["ok"] for lv in levels] == [False, False]
     where = levels[0]["where"]
-    assert where.startswith("model.py:") and where.endswith("in attend_request"), where
+    assert where.startswith("model.py:") and where.endswith("in indexer_topk"), where
     assert "meta" in levels[0]["error"]
 
 

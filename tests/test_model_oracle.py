@@ -13,7 +13,8 @@ from torch import Tensor
 
 from cpkv_core.config import IndexKDtype, ModelConfig, model_preset
 from cpkv_core.runtime import model as model_mod
-from cpkv_core.runtime.model import Projections, attend_request, init_weights, project
+from cpkv_core.runtime.model import Projections, attend_request, project
+from cpkv_core.runtime.weights import init_weights
 
 TINY = model_preset("tiny")
 

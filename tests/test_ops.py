@@ -7,9 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpkv_core.config import IndexKDtype, model_preset
-from cpkv_core.runtime.model import init_weights, project
-from cpkv_core.runtime.ops import linear, ordered_dot, ordered_sum, rms_norm
+from cpkv_core.runtime.model import (
+    attend_request,
+    attend_rows,
+    index_scores,
+    project,
+)
+from cpkv_core.runtime.ops import exact_fp8_dot, linear, ordered_dot, ordered_sum, rms_norm
 from cpkv_core.runtime.topk import NO_KEY, SORT_KEYS, select_topk
+from cpkv_core.runtime.weights import init_weights
 
 TINY = model_preset("tiny")
 WEIGHTS = init_weights(TINY)
@@ -154,3 +160,91 @@ def test_reductions_add_their_terms_first_to_last(
     q64, keys64 = q.double(), keys.double()
     terms = [q64[..., i] * keys64[..., i] for i in range(k)]
     assert torch.equal(ordered_dot(q, keys), _left_to_right(terms))
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (``torch.equal`` takes -0.0 for 0.0)."""
+    width = {1: torch.uint8, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(width), b.view(width))
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 50), layer=st.integers(0, 1), seed=st.integers(0, 2**16))
+def test_one_fused_projection_gives_each_projections_own_bits(
+    n: int, layer: int, seed: int
+) -> None:
+    """``project`` runs one ``linear`` over the five input projections side by side: every
+    output has the bits of its own projection's ``linear``."""
+    weights = WEIGHTS.layers[layer]
+    hidden = torch.randn(n, TINY.hidden_size, generator=torch.Generator().manual_seed(seed))
+    x = rms_norm(hidden, weights.attn_norm)
+    proj = project(TINY, weights, hidden, IndexKDtype.FP32)
+    own = {
+        "index_q": linear(x, weights.w_index_q).view(proj.index_q.shape),
+        "index_k": linear(x, weights.w_index_k),
+        "latent": linear(x, weights.w_kv),
+        "q": linear(x, weights.w_q).view(proj.q.shape),
+        "index_weights": linear(x, weights.w_index_weights) * TINY.index_n_heads**-0.5,
+    }
+    for name, expected in own.items():
+        assert _same_bits(getattr(proj, name), expected), name
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    nq=st.integers(1, 40),
+    num_keys=st.integers(1, 90),
+    dtype=st.sampled_from([IndexKDtype.FP8_E4M3, IndexKDtype.FP32]),
+    seed=st.integers(0, 2**16),
+)
+def test_index_scores_add_the_heads_first_to_last(
+    nq: int, num_keys: int, dtype: IndexKDtype, seed: int
+) -> None:
+    """The indexer's heads are summed one by one, first to last, each ``relu(q . k) * w``:
+    the bits of ``ordered_sum`` over every head's term at once, fp8 and fp32 keys."""
+    gen = torch.Generator().manual_seed(seed)
+    proj = project(TINY, WEIGHTS.layers[0], torch.randn(nq, TINY.hidden_size, generator=gen), dtype)
+    keys_of = project(
+        TINY, WEIGHTS.layers[0], torch.randn(num_keys, TINY.hidden_size, generator=gen), dtype
+    )
+    keys, keys_scale = keys_of.index_k, keys_of.index_k_scale
+    if dtype is IndexKDtype.FP8_E4M3:
+        dots = exact_fp8_dot(proj.index_q, keys)
+    else:
+        dots = ordered_dot(proj.index_q[:, :, None, :], keys[None, None, :, :])
+    head_weight = (proj.index_weights.double() * proj.index_q_scale.double())[:, :, None]
+    terms = list((torch.relu(dots) * head_weight).unbind(1))
+    expected = _left_to_right(terms) * keys_scale.double()[None, :]
+    assert _same_bits(index_scores(proj, keys, keys_scale), expected)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_requests_attended_in_one_call_get_the_bits_each_gets_alone(
+    lengths: list[int], seed: int
+) -> None:
+    """``attend_rows`` over the selected rows of several requests' keys side by side gives
+    each query the bits ``attend_request`` gives it, one request at a time: short requests
+    (fewer keys than ``index_topk``, invalid slots) included."""
+    gen = torch.Generator().manual_seed(seed)
+    alone, queries, latents, rows, valid, start = [], [], [], [], [], 0
+    for length in lengths:
+        hidden = torch.randn(length, TINY.hidden_size, generator=gen)
+        proj = project(TINY, WEIGHTS.layers[0], hidden, IndexKDtype.FP8_E4M3)
+        positions = torch.arange(length)
+        attn, topk = attend_request(
+            TINY, proj, positions, proj.latent, proj.index_k, proj.index_k_scale
+        )
+        alone.append(attn)
+        queries.append(proj.q)
+        latents.append(proj.latent)
+        rows.append(start + topk.clamp(min=0))
+        valid.append(topk != NO_KEY)
+        start += length
+    together = attend_rows(
+        TINY, torch.cat(queries), torch.cat(latents), torch.cat(rows), torch.cat(valid)
+    )
+    assert _same_bits(together, torch.cat(alone))

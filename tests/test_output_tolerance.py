@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from cpkv.cli import app
 from cpkv_core.runtime import BatchOutput, RequestOutput, compare_batch
 from cpkv_core.runtime import engine as engine_mod
-from cpkv_core.runtime.model import ModelWeights, lm_head
+from cpkv_core.runtime.model import lm_head
+from cpkv_core.runtime.weights import ModelWeights
 from tests.conftest import MIXED_TRACE
 
 runner = CliRunner()

@@ -12,7 +12,8 @@ from cpkv.run.verify import verify_levels
 from cpkv_core.config import model_preset
 from cpkv_core.runtime import BatchOutput, RequestOutput, compare_batch, max_abs_diff
 from cpkv_core.runtime import engine as engine_mod
-from cpkv_core.runtime.model import ModelWeights, lm_head
+from cpkv_core.runtime.model import lm_head
+from cpkv_core.runtime.weights import ModelWeights
 from phases import PhaseId
 from tests.conftest import make_deploy, mixed_trace
 

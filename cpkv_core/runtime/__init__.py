@@ -16,7 +16,6 @@ from cpkv_core.runtime.failures import (
 from cpkv_core.runtime.faults import FAILING_KINDS, FAULT_KINDS, Fault, FaultKind, FaultPoint
 from cpkv_core.runtime.kv_access import materialize
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, kv_bytes_per_page, kv_bytes_per_token
-from cpkv_core.runtime.model import ModelWeights, init_weights
 from cpkv_core.runtime.outputs import (
     OUTPUT_ATOL,
     BatchComparison,
@@ -32,6 +31,7 @@ from cpkv_core.runtime.outputs import (
 )
 from cpkv_core.runtime.reference import ReferenceModel
 from cpkv_core.runtime.shadow import SHADOW_TAG, ShadowPlan
+from cpkv_core.runtime.weights import ModelWeights, init_weights
 
 __all__ = [
     "FAILING_KINDS",

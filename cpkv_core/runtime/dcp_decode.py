@@ -30,7 +30,6 @@ from cpkv_core.config import IndexKDtype, ModelConfig
 from cpkv_core.dist import Communicator
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 from cpkv_core.runtime.model import (
-    ModelWeights,
     attention_scale,
     embed,
     finish_layer,
@@ -41,6 +40,7 @@ from cpkv_core.runtime.model import (
 from cpkv_core.runtime.ops import ordered_dot, ordered_sum
 from cpkv_core.runtime.outputs import RequestOutput, stack_topk
 from cpkv_core.runtime.topk import NO_KEY
+from cpkv_core.runtime.weights import ModelWeights
 
 NO_CANDIDATE = torch.iinfo(torch.int64).max
 """Position of a padding candidate (a rank with fewer keys than ``index_topk``): sorts after

@@ -39,11 +39,8 @@ from cpkv_core.runtime.kv_access import key_source, write_rows
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, SavedRows
 from cpkv_core.runtime.local_attention import attend_local
 from cpkv_core.runtime.model import (
-    LayerWeights,
-    ModelWeights,
     embed,
     finish_layer,
-    init_weights,
     lm_head,
     project,
 )
@@ -51,6 +48,7 @@ from cpkv_core.runtime.outputs import RankBatchOutput, Served, StepOutput
 from cpkv_core.runtime.shadow import ShadowPlan
 from cpkv_core.runtime.shared_pools import SharedPools, rank_pool
 from cpkv_core.runtime.step_guard import StepGuard, run_agreed
+from cpkv_core.runtime.weights import LayerWeights, ModelWeights, init_weights
 
 
 class CPEngine:

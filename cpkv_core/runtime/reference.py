@@ -16,15 +16,14 @@ from cpkv_core.config import IndexKDtype, ModelConfig
 from cpkv_core.planning import ScheduledBatch, ScheduledRequest, token_ids
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 from cpkv_core.runtime.model import (
-    ModelWeights,
     attend_request,
     embed,
     finish_layer,
-    init_weights,
     lm_head,
     project,
 )
 from cpkv_core.runtime.outputs import BatchOutput, RequestOutput, stack_topk
+from cpkv_core.runtime.weights import ModelWeights, init_weights
 
 
 class ReferenceModel:
