@@ -10,10 +10,18 @@ from cpkv_core.config import IndexKDtype, model_preset
 from cpkv_core.runtime.model import (
     attend_request,
     attend_rows,
+    attention_scale,
     index_scores,
     project,
 )
-from cpkv_core.runtime.ops import exact_fp8_dot, linear, ordered_dot, ordered_sum, rms_norm
+from cpkv_core.runtime.ops import (
+    exact_fp8_dot,
+    linear,
+    ordered_dot,
+    ordered_sum,
+    rms_norm,
+    softmax_fp64,
+)
 from cpkv_core.runtime.topk import NO_KEY, SORT_KEYS, select_topk
 from cpkv_core.runtime.weights import init_weights
 
@@ -248,3 +256,32 @@ def test_requests_attended_in_one_call_get_the_bits_each_gets_alone(
         TINY, torch.cat(queries), torch.cat(latents), torch.cat(rows), torch.cat(valid)
     )
     assert _same_bits(together, torch.cat(alone))
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    nq=st.integers(1, 30),
+    num_rows=st.integers(1, 60),
+    heads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_over_selected_rows_gives_the_plain_forms_bits(
+    nq: int, num_rows: int, heads: int, seed: int
+) -> None:
+    """``attend_rows`` lays both its sums out terms-first: the bits of the plain form, the
+    selected rows gathered, ``ordered_dot`` for the logits and ``ordered_sum`` of every
+    weighted value at once; more selected rows than latent rows and fewer, invalid slots
+    included."""
+    cfg = TINY.model_copy(update={"num_heads": heads})
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(nq, heads, cfg.kv_dim, generator=gen)
+    latent = torch.randn(num_rows, cfg.kv_dim, generator=gen)
+    rows = torch.randint(0, num_rows, (nq, cfg.index_topk), generator=gen)
+    valid = torch.rand(nq, cfg.index_topk, generator=gen) < 0.8
+    valid[:, 0] = True
+    selected = latent[rows]
+    logits = ordered_dot(q[:, :, None, :], selected[:, None, :, :]) * attention_scale(cfg)
+    probs = softmax_fp64(logits.masked_fill(~valid[:, None, :], float("-inf"))).float()
+    plain = ordered_sum(probs[..., None] * selected[:, None, :, : cfg.kv_lora_rank], dim=2)
+    got = attend_rows(cfg, q, latent, rows, valid)
+    assert _same_bits(got, plain.reshape(nq, heads * cfg.kv_lora_rank))

@@ -26,10 +26,10 @@ from cpkv_core.runtime.ops import (
     exact_fp8_dot,
     linear,
     ordered_dot,
-    ordered_sum,
     quantize_fp8,
     rms_norm,
     softmax_fp64,
+    sum_of_products,
 )
 from cpkv_core.runtime.topk import NO_KEY, select_topk
 from cpkv_core.runtime.weights import LayerWeights, ModelWeights
@@ -164,13 +164,29 @@ def attend_rows(cfg: ModelConfig, q: Tensor, latent: Tensor, rows: Tensor, valid
     Returns:
         ``[nq, num_heads * kv_lora_rank]`` attention output in the latent space.
     """
-    selected = latent[rows]  # [nq, topk, kv_dim]
-    logits = ordered_dot(q[:, :, None, :], selected[:, None, :, :]) * attention_scale(cfg)
+    # NOTE: both sums run terms-first (``sum_of_products``), each operand gathered straight
+    # into that layout: the bits of ``ordered_dot(q, selected)`` and of
+    # ``ordered_sum(probs * values, dim=2)`` over ``selected = latent[rows]``, with one
+    # gather where those copy the selected rows three times (to fp64, transposed, and each
+    # weighted value at once): 1.7x at 600 queries x 16 keys of 576 (tests/test_ops.py).
+    q_terms = q.double().movedim(-1, 0).contiguous()[..., None]  # [kv_dim, nq, heads, 1]
+    key_terms = _rows_terms_first(latent, rows).double()[:, :, None, :]  # [kv_dim, nq, 1, topk]
+    logits = sum_of_products(q_terms, key_terms) * attention_scale(cfg)
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
     probs = softmax_fp64(logits, dim=-1).float()  # [nq, heads, topk]
-    values = selected[:, None, :, : cfg.kv_lora_rank]  # [nq, 1, topk, kv_lora_rank]
-    out = ordered_sum(probs[..., None] * values, dim=2)  # [nq, heads, kv_lora_rank]
+    values = latent[rows.t(), : cfg.kv_lora_rank][:, :, None, :]  # [topk, nq, 1, kv_lora_rank]
+    out = sum_of_products(probs.movedim(-1, 0)[..., None], values)  # [nq, heads, kv_lora_rank]
     return out.reshape(q.shape[0], cfg.num_heads * cfg.kv_lora_rank)
+
+
+def _rows_terms_first(latent: Tensor, rows: Tensor) -> Tensor:
+    """``latent[rows]`` with its last dimension first: ``[kv_dim, *rows.shape]``, contiguous.
+
+    Transposes whichever is smaller, the selected rows or the latent they come from (the
+    keys of a pool read are the whole pool)."""
+    if rows.numel() < latent.shape[0]:
+        return latent[rows].movedim(-1, 0).contiguous()
+    return latent.t().contiguous()[:, rows]
 
 
 def indexer_topk(
