@@ -110,9 +110,13 @@ class TailBytes:
 def bench_tail_bytes(
     model: ModelConfig, cp_sizes: Sequence[int] = (2, 4, 8), bs: int = 8, extend_len: int = 96
 ) -> list[TailBytes]:
-    """Runs one batch at levels 0 and 1 on the in-process group and reads the counted bytes."""
+    """Runs one batch at levels 0 and 1 on the in-process group and reads the counted bytes.
+
+    On ``model`` cut to one layer: the tail gathers the hidden states after the last layer,
+    so its bytes are those of every depth, at a ``num_layers``-th of the compute."""
     rows = []
     batch = synthetic_batch(bs, extend_len)
+    model = model.model_copy(update={"num_layers": 1})
     for cp_size in cp_sizes:
         for cp_mode in CpMode:
             deploy = DeploymentConfig(cp_size=cp_size, cp_mode=cp_mode, page_size=16)
