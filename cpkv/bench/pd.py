@@ -34,8 +34,8 @@ def pd_model(model: ModelConfig, rows_of: str = ROWS_OF) -> ModelConfig:
 
     A token's KV row (latent, index K and its scale) holds no head dimension in MLA, so the
     heads change no byte the figure counts; one of each makes the ranks' compute between
-    the sends about a quarter of the tiny model's four (the job took 88 s with four, 49 s
-    with one, on the 2-core EPYC of docs/pd.md, the same bytes to the byte)."""
+    the sends about a quarter of the tiny model's four (the PD section took 88 s with four,
+    49 s with one, on a 2-core 2 GHz EPYC, the same bytes to the byte)."""
     real = model_preset(rows_of)
     return model.model_copy(
         update={
