@@ -13,15 +13,19 @@ too: 4 ranks took 12.6-16.6 s to start and meet on this 2-core machine at a load
 0.3 s forked (2.8 s for the first group, which starts the server). The server is started once a process, on the first
 start inside the block, with the environment, working directory and ``sys.path`` of that
 moment, so a run that changes them between groups should not use it; torch in the server has
-run no op, so no thread pool is forked.
+run no op, so no thread pool is forked. A preload that names ``__main__`` has the server run
+the program's main script once (``forkserver_main``: CPython's own ``__main__`` preload does
+nothing before 3.13.8, so each rank ran the script again).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from multiprocessing import spawn
 from multiprocessing.context import ForkServerContext, SpawnContext
 
 __all__ = ["forked_ranks", "rank_context"]
@@ -32,6 +36,18 @@ _forking = [0]
 _preload: list[str] = []
 """The modules the fork server holds (or will, when it next starts)."""
 _BASE = ("torch", "cpkv_core.dist.rank_child")
+_MAIN = "__main__"
+_MAIN_LOADER = "cpkv_core.dist.forkserver_main"
+"""What the server imports for ``__main__`` (that module's docstring: CPython's own
+``__main__`` preload loads nothing up to 3.13.7)."""
+MAIN_PATH_ENV = "CPKV_FORKSERVER_MAIN"
+"""``<pid>:<path>``: the process that starts the fork server, and its main script's path as
+its ``spawn.get_preparation_data`` gives it (read by ``forkserver_main``)."""
+
+
+def main_path_entry(pid: int, path: str) -> str:
+    """The value of ``MAIN_PATH_ENV`` for the fork server of process ``pid``."""
+    return f"{pid}:{path}"
 
 
 @contextmanager
@@ -71,4 +87,15 @@ def _want(preload: Sequence[str]) -> None:
     from multiprocessing import forkserver
 
     forkserver._forkserver._stop()  # type: ignore[attr-defined]  # the only way to restart it
-    mp.set_forkserver_preload(list(_preload))
+    mp.set_forkserver_preload([_server_module(m) for m in _preload])
+
+
+def _server_module(name: str) -> str:
+    """The module the server imports for ``name``: ``forkserver_main`` for ``__main__``, told
+    the main script's path (none where the main module came by name or has no file)."""
+    if name != _MAIN:
+        return name
+    path = spawn.get_preparation_data("cpkv-forkserver").get("init_main_from_path")
+    if path:
+        os.environ[MAIN_PATH_ENV] = main_path_entry(os.getpid(), path)
+    return _MAIN_LOADER
