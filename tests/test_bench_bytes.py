@@ -1,12 +1,17 @@
-"""``bytes_by_batch``: the parts of every batch's all-gathered bytes add up to the whole."""
+"""``bytes_by_batch``: the parts of every batch's all-gathered bytes add up to the whole; the
+count-only figures' model counts what the bench's model counts."""
 
 from __future__ import annotations
 
+import pytest
+import torch
+
+from cpkv.bench.byte_model import one_head
 from cpkv.bench.bytes import bytes_by_batch
 from cpkv.bench.measure import ALL_PHASES
-from cpkv.run.jobs import Backend, RankJob
+from cpkv.run.jobs import Backend, LevelRun, RankJob
 from cpkv.run.runner import run_levels
-from cpkv_core.config import model_preset
+from cpkv_core.config import CpMode, model_preset
 from cpkv_core.planning import KvReadStrategy, KvWriteStrategy, pages_for_trace
 from cpkv_core.traces import load_trace
 from tests.conftest import DATA, make_deploy
@@ -33,3 +38,45 @@ def test_parts_add_up_to_every_gathered_byte_and_direct_writes_gather_nothing() 
         assert (row.materialize > 0) == plan.kv_read.value.startswith("materialized"), row
     assert any(row.phase == 5 for row in rows)
     assert [r.total == 0 for r in rows if r.level < 2] == [False, False, True, False] * 2
+
+
+def _counts(runs: list[LevelRun]) -> list[object]:
+    """Every count a run holds, by level, batch and rank: what the plan decided, each
+    rank's gathered bytes by purpose and its KV bytes."""
+    return [
+        (
+            run.level,
+            step.decision.phase,
+            str(step.decision.plan),
+            [(out.gathered_bytes, out.kv_bytes) for out in outputs],
+        )
+        for run in runs
+        for step, outputs in zip(run.steps, run.rank_outputs, strict=True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "cp_size"), [(CpMode.IN_SEQ_SPLIT, 2), (CpMode.ROUND_ROBIN_SPLIT, 4)]
+)
+def test_the_one_head_model_counts_every_byte_the_model_counts(mode: CpMode, cp_size: int) -> None:
+    """The count-only figures run on ``one_head`` (``byte_model``): its heads change no
+    decision, gathered byte or stored byte at any level (their top-k do change)."""
+    deploy = make_deploy(cp_size=cp_size, page_size=16).model_copy(update={"cp_mode": mode})
+    batches = load_trace(DATA / "long.jsonl", 16).batches
+    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
+    model = model_preset("tiny")
+    runs = {
+        m.name: run_levels(
+            RankJob(m, deploy, batches, tuple(range(6)), num_pages, ALL_PHASES), Backend.LOCAL
+        )
+        for m in (model, one_head(model))
+    }
+    counted, one = runs[model.name], runs[one_head(model).name]
+    assert _counts(one) == _counts(counted)
+    assert any(sum(out.gathered_bytes.values()) for out in one[-1].rank_outputs[-1])
+    # NOTE: the heads do change what is computed: the check above compares counts alone.
+    assert not all(
+        torch.equal(a[0].topk, b[0].topk)
+        for ra, rb in zip(counted, one, strict=True)
+        for a, b in zip(ra.rank_outputs, rb.rank_outputs, strict=True)
+    )

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cpkv.bench.byte_model import one_head
 from cpkv.bench.bytes import WritePathBytes, write_path_bytes
 from cpkv.bench.measure import ALL_PHASES
 from cpkv.run.jobs import Backend, RankJob
@@ -169,10 +170,11 @@ def bench_balance(page_size: int) -> list[SplitBalance]:
 def round_robin_write_path(
     model: ModelConfig, deploy: DeploymentConfig, batches: Sequence[BatchSpec], device: str
 ) -> list[WritePathBytes]:
-    """Levels 4 and 5 of ``batches`` under round-robin on the in-process group."""
+    """Levels 4 and 5 of ``batches`` under round-robin on the in-process group, on
+    ``one_head(model)`` (it counts bytes alone)."""
     rr = deploy.model_copy(update={"cp_mode": CpMode.ROUND_ROBIN_SPLIT})
     pages = pages_for_trace(batches, rr.page_size, rr.cp_size)
-    job = RankJob(model, rr, tuple(batches), (4, 5), pages, ALL_PHASES, device=device)
+    job = RankJob(one_head(model), rr, tuple(batches), (4, 5), pages, ALL_PHASES, device=device)
     return write_path_bytes(run_levels(job, Backend.LOCAL))
 
 

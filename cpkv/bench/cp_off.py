@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cpkv.bench.byte_model import one_head
 from cpkv.run.jobs import LevelRun, RankJob
 from cpkv_core.config import DeploymentConfig, ModelConfig, SplitGate
 from cpkv_core.planning import BatchSpec, RequestSpec, pages_for_trace
@@ -155,7 +156,9 @@ def cp_off_bytes_jobs(
     device: str = "cpu",
 ) -> list[RankJob]:
     """Every level of ``batches`` split, then with ``min_tokens``: two jobs, CP on then off
-    (the bench runs them on its gloo group)."""
+    (the bench runs them on its gloo group), on ``one_head(model)`` (they count bytes
+    alone)."""
+    model = one_head(model)
     deploy = deploy.model_copy(update={"split_gate": SplitGate.SPLIT_ANYWAY})
     on = _job(model, deploy, batches, levels, device)
     off_deploy = deploy.model_copy(update={"cp_min_tokens": min_tokens})

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from cpkv.bench.byte_model import one_head
 from cpkv.bench.measure import ALL_PHASES
 from cpkv.run.jobs import Backend, LevelRun, RankJob
 from cpkv.run.loop import HostLoop
@@ -125,8 +126,10 @@ def _job(
 def kv_share_job(
     model: ModelConfig, batches: Sequence[BatchSpec], page_size: int, cp_size: int
 ) -> RankJob:
-    """``batches`` at levels 0 and 2 on ``cp_size`` ranks, for ``kv_share_row``."""
-    return _job(model, DeploymentConfig(cp_size=cp_size, page_size=page_size), batches, (0, 2))
+    """``batches`` at levels 0 and 2 on ``cp_size`` ranks, for ``kv_share_row``, on
+    ``one_head(model)`` (it counts bytes alone)."""
+    deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
+    return _job(one_head(model), deploy, batches, (0, 2))
 
 
 def kv_share_row(job: RankJob, runs: Sequence[LevelRun]) -> KvShare:

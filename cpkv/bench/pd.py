@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
+from cpkv.bench.byte_model import one_head
 from cpkv.bench.pd_figure import MIB, PdBytes, PdFigure
 from cpkv.run.jobs import LevelRun, RankJob
 from cpkv.run.pd import PdJob, pd_session
@@ -30,23 +31,22 @@ ROWS_OF = "deepseek-v3.2"
 
 def pd_model(model: ModelConfig, rows_of: str = ROWS_OF) -> ModelConfig:
     """``model`` with the latent, rope and index-key widths of ``rows_of``, one query head
-    and one indexer head: the same layers, a real model's bytes per token row per layer.
+    and one indexer head (``byte_model.one_head``): the same layers, a real model's bytes
+    per token row per layer.
 
-    A token's KV row (latent, index K and its scale) holds no head dimension in MLA, so the
-    heads change no byte the figure counts; one of each makes the ranks' compute between
+    The heads change no byte the figure counts; one of each makes the ranks' compute between
     the sends about a quarter of the tiny model's four (the PD section took 88 s with four,
     49 s with one, on a 2-core 2 GHz EPYC, the same bytes to the byte)."""
     real = model_preset(rows_of)
-    return model.model_copy(
+    widened = model.model_copy(
         update={
             "name": f"{model.name}-{rows_of}-rows",
             "kv_lora_rank": real.kv_lora_rank,
             "qk_rope_head_dim": real.qk_rope_head_dim,
             "index_head_dim": real.index_head_dim,
-            "num_heads": 1,
-            "index_n_heads": 1,
         }
     )
+    return one_head(widened).model_copy(update={"name": widened.name})
 
 
 def median_flush_mib_per_second(stats: Sequence[WriteStats]) -> float:
