@@ -16,7 +16,7 @@ from cpkv.bench.rows.setup import GRIDS
 from cpkv.bench.sections import SECTIONS, section_names
 from cpkv.bench.suite import SectionTime, run_bench
 from cpkv.commands.options import DeviceOpt, JsonOpt, out_option, print_written
-from cpkv.commands.shared import RUN_MODEL, dry_run_exit
+from cpkv.commands.shared import RANK_MODULES, RUN_MODEL, dry_run_exit
 from cpkv.common.console import BadInput, bad_input_exits, emit, err, out
 from cpkv.common.devices import Device, check_device
 from cpkv.common.settings import RunSettings
@@ -30,10 +30,6 @@ from cpkv_core.dist import forked_ranks
 from cpkv_core.traces import load_trace
 from flags import debug_benchmark_warning, resolve_flags
 from phases.registry import REGISTERED_PHASES
-
-RANK_MODULES = ("__main__", "cpkv.run.runner", "cpkv_core.pd.decode_rank")
-"""What the bench's rank server imports once (``dist.forked_ranks``): the program (each rank
-would import it again), the rank bodies of the gloo group and of the decode processes."""
 
 CpSizeOpt = Annotated[
     int, typer.Option("--cp-size", help="CP ranks for gate timing and the gloo step time.")

@@ -19,10 +19,14 @@ from cpkv.run.pd_check import PdReport
 from cpkv.run.runner import run_levels
 from cpkv.run.verify import VerifyReport, verify_runs
 from cpkv_core.config import ModelConfig, model_preset
+from cpkv_core.dist import forked_ranks
 from cpkv_core.planning import BatchSpec
 
 RUN_MODEL = "tiny"
 """The one preset runs take (the others are for ``cpkv plan``)."""
+RANK_MODULES = ("__main__", "cpkv.run.runner", "cpkv_core.pd.decode_rank")
+"""What the rank server of a command imports once (``dist.forked_ranks``): the program (each
+rank would run it again), the rank bodies of the gloo groups and of the decode processes."""
 
 
 def runnable_model(name: str) -> ModelConfig:
@@ -47,7 +51,9 @@ def run_verify(job: RankJob, backend: Backend, show_progress: bool) -> VerifyRep
 
     levels = job.levels
     description = f"levels {', '.join(map(str, levels))} on {job.deploy.cp_size} {backend} ranks"
-    return with_progress(show_progress, description, len(job.batches) * len(levels), run)
+    # NOTE: the ranks fork from one server that imported torch once (seconds a process).
+    with forked_ranks(RANK_MODULES):
+        return with_progress(show_progress, description, len(job.batches) * len(levels), run)
 
 
 def run_pd_job(
@@ -60,7 +66,8 @@ def run_pd_job(
     with err.status(f"prefill on {ranks}, transfer to {deploy.decode_cp_size} decode rank(s)"):
         hosts = PdHosts(settings.pd_host, settings.pd_local_host)
         job = pd_job(settings, batches)
-        (report,), _ = run_pd(model_preset(RUN_MODEL), [job], timeout_s, retries, hosts=hosts)
+        with forked_ranks(RANK_MODULES):
+            (report,), _ = run_pd(model_preset(RUN_MODEL), [job], timeout_s, retries, hosts=hosts)
     return report
 
 
