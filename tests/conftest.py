@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from cpkv.commands.shared import RANK_MODULES
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, SplitGate, model_preset
+from cpkv_core.dist import forked_ranks
 from cpkv_core.planning import BatchSpec, RequestSpec
 from cpkv_core.traces.trace import Trace, load_trace
 
@@ -46,6 +49,15 @@ def mixed_trace(page_size: int) -> Trace:
 @pytest.fixture
 def mixed_trace_path() -> Path:
     return MIXED_TRACE
+
+
+@pytest.fixture
+def forked() -> Iterator[None]:
+    """The test's ranks and decode processes fork from the rank server the CLI's commands
+    use (``RANK_MODULES``): one import of torch a worker, where a spawn imports it a rank
+    (seconds each, on 2 cores next to the other worker)."""
+    with forked_ranks(RANK_MODULES):
+        yield
 
 
 def tiny_row_bytes(dtype: IndexKDtype) -> int:

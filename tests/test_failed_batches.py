@@ -293,6 +293,7 @@ host half, a debug check and a NaN, each on one rank."""
 
 
 @pytest.mark.gloo
+@pytest.mark.usefixtures("forked")
 def test_every_rank_agrees_on_gloo() -> None:
     """One gloo group runs every case: each rank records the same kills, the rank that
     raised takes part in the rerun, and every batch equals the reference."""

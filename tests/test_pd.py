@@ -69,6 +69,7 @@ def test_overlapping_pieces_do_not_tile_the_slab() -> None:
 
 
 @pytest.mark.gloo
+@pytest.mark.usefixtures("forked")
 def test_decode_rebuilds_every_level_byte_for_byte() -> None:
     """Levels 0, 2, 3 (mixed trace) and 4, 5 (long requests) at cp_size 1, 2 and 4, and
     level 5 under round-robin (the page interleave) at cp_size 2: one 4-rank prefill
@@ -133,6 +134,7 @@ def test_decode_rebuilds_every_level_byte_for_byte() -> None:
 
 
 @pytest.mark.gloo
+@pytest.mark.usefixtures("forked")
 def test_failed_and_timed_out_transfers_leave_no_request_ready() -> None:
     faults = PdFaults(fail=("a", 1), stall=("b", 0))
     # NOTE: after a rejected write Mooncake's TCP transport re-establishes the session, and
@@ -151,6 +153,7 @@ def test_failed_and_timed_out_transfers_leave_no_request_ready() -> None:
 
 
 @pytest.mark.gloo
+@pytest.mark.usefixtures("forked")
 def test_a_failed_transfer_can_be_retried() -> None:
     job = pd_job("pd_small", 2, (5,), decode_cp_size=2)
     (report,), (runs,) = run_pd(TINY, [job], faults=PdFaults(fail=("a", 0)), retries=1)
@@ -168,6 +171,7 @@ def test_a_failed_transfer_can_be_retried() -> None:
 
 
 @pytest.mark.gloo
+@pytest.mark.usefixtures("forked")
 def test_decode_server_killed_mid_transfer_marks_nothing_ready() -> None:
     job = pd_job("pd_small", 2, (2,), decode_cp_size=2)
     (report,), _ = run_pd(TINY, [job], die_on_done_of="j0/0/b")

@@ -269,6 +269,7 @@ def test_engine_refuses_a_plan_for_another_layout() -> None:
 
 
 @pytest.mark.gloo
+@pytest.mark.usefixtures("forked")
 def test_every_level_matches_reference_on_real_gloo_ranks() -> None:
     """One 4-rank spawn, smaller CP sizes on subgroups: both splits, three page sizes, long
     requests that take phases 4 and 5 (the page interleave under round-robin), and CP
