@@ -8,8 +8,9 @@ heads change no byte, call or page a count-only figure holds, while they set mos
 compute between the counts: the query and indexer projections, the indexer's dots, the
 attention, and the output projection's ``num_heads x kv_lora_rank`` terms.
 
-Count-only jobs run on it: ``kv_share``, the bytes of ``cp_off``, the write path of
-``balance`` and the PD figure's model (``pd.pd_model``, whose rows are widened too). The
+Count-only jobs run on it: ``kv_share``, the bytes of ``cp_off`` and the write path of
+``balance``. The PD figure's model (``pd.pd_model``) has one head of each too, with rows
+widened to a real model's (its docstring says what that changes in its times). The other
 timed figures keep the model's heads: step time, ``cp_off``'s times, peer-read, rollback.
 ``tests/test_bench_bytes.py`` runs a trace at every level on both and compares every count.
 """
