@@ -1,7 +1,7 @@
 """The program's main script in the fork server, imported there in place of ``__main__``.
 
 Where a caller's preload names ``__main__``, ``start_method`` hands the fork server this
-module instead (last, after the harness) and puts the main script's path in
+module instead and puts the main script's path in
 ``start_method.MAIN_PATH_ENV`` (the path ``multiprocessing.spawn.get_preparation_data`` gives
 the children), after the id of the process that starts the server. Imported in the server,
 this module runs the script there once, as ``__mp_main__``, the way ``spawn.prepare`` runs it
@@ -34,7 +34,7 @@ def load_main() -> None:
         return
     try:
         spawn.import_main_path(path)
-    except Exception:  # noqa: BLE001
+    except Exception:
         # NOTE: a script that fails here fails in each fork too, which reports it, as it did
         # without the preload; a server that died of it would start no rank at all.
         return

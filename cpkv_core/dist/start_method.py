@@ -10,12 +10,13 @@ imports it): the list only grows, and a server that holds every module asked for
 A fresh interpreter imports torch and the rank's modules again, seconds of CPU a process,
 and without a bytecode cache (``PYTHONDONTWRITEBYTECODE``) it compiles every module's source
 too: 4 ranks took 12.6-16.6 s to start and meet on this 2-core machine at a load of 7-9, and
-0.3 s forked (2.8 s for the first group, which starts the server). The server is started once a process, on the first
-start inside the block, with the environment, working directory and ``sys.path`` of that
-moment, so a run that changes them between groups should not use it; torch in the server has
-run no op, so no thread pool is forked. A preload that names ``__main__`` has the server run
-the program's main script once (``forkserver_main``: CPython's own ``__main__`` preload does
-nothing before 3.13.8, so each rank ran the script again).
+0.3 s forked (2.8 s for the first group, which starts the server). The server is started
+once a process, on the first start inside the block, with the environment, working directory
+and ``sys.path`` of that moment, so a run that changes them between groups should not use
+it; torch in the server has run no op, so no thread pool is forked. A preload that names
+``__main__`` has the server run the program's main script once (``forkserver_main``:
+CPython's own ``__main__`` preload does nothing before 3.13.8, so each rank ran the script
+again).
 """
 
 from __future__ import annotations
