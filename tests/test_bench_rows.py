@@ -81,10 +81,11 @@ def run_rows(*args: str) -> Any:
 
 @pytest.fixture(scope="module")
 def tiny_bf16() -> Any:
-    """One run of the tiny grid, each op timed once a pass (no extra rounds for short ops)."""
+    """One run of the tiny grid in two passes, each op timed once a pass (no extra rounds for
+    short ops)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(rows_rounds, "ROUND_BUDGET_S", 0.0)
-        return run_rows("--rows-grid", "tiny", "--repeats", "1", "--json")
+        return run_rows("--rows-grid", "tiny", "--repeats", "1", "--rows-passes", "2", "--json")
 
 
 def test_tiny_grid_is_the_one_the_expectations_count() -> None:
@@ -309,6 +310,7 @@ def test_the_copy_ceiling_takes_no_page_faults() -> None:
         (["--rows", "glm-5", "--rows-grid", "huge"], "--rows-grid 'huge'"),
         (["--rows", "glm-5", "--kv-cache-dtype", "fp4"], "kv_cache_dtype must be one of"),
         (["--rows", "glm-5", "--out", "plots"], "with --rows use --json"),
+        (["--rows", "glm-5", "--rows-passes", "0"], "--rows-passes"),
     ],
 )
 def test_rows_refuses_bad_input_before_running(args: list[str], match: str) -> None:

@@ -44,8 +44,7 @@ RepeatsOpt = Annotated[
         min=1,
         show_default=False,
         help=f"Timed rounds per figure, after a warm-up (default {BENCH_REPEATS}; with --rows, "
-        f"the least rounds of each op in each of its {PLACEMENTS} passes, default "
-        f"{ROWS_REPEATS}).",
+        f"the least rounds of each op in each pass, default {ROWS_REPEATS}).",
     ),
 ]
 TraceOpt = Annotated[
@@ -112,6 +111,17 @@ RowsThreadsOpt = Annotated[
         "its CPU time, steady on a machine other work shares; with more, on the wall clock.",
     ),
 ]
+RowsPassesOpt = Annotated[
+    int,
+    typer.Option(
+        "--rows-passes",
+        min=1,
+        metavar="N",
+        help="With --rows: passes over the grid, each building every point's buffers afresh; "
+        "every entry pools the rounds of all of them (where an op's buffers land moves its "
+        "time; more passes, figures that hold between runs).",
+    ),
+]
 
 
 def bench_command(
@@ -127,6 +137,7 @@ def bench_command(
     rows_grid: RowsGridOpt = "full",
     kv_cache_dtype: RowsKvDtypeOpt = "auto",
     rows_threads: RowsThreadsOpt = 1,
+    rows_passes: RowsPassesOpt = PLACEMENTS,
     only: OnlyOpt = None,
 ) -> None:
     """Performance figures, measured side by side in one run: bytes counted exactly, times as
@@ -138,7 +149,15 @@ def bench_command(
             with bad_input_exits():
                 raise BadInput("--only picks sections of the tiny model's figures; --rows has none")
         run_rows_command(
-            rows, rows_grid, kv_cache_dtype, rows_threads, repeats, device, as_json, out_dir
+            rows,
+            rows_grid,
+            kv_cache_dtype,
+            rows_threads,
+            rows_passes,
+            repeats,
+            device,
+            as_json,
+            out_dir,
         )
     with bad_input_exits():
         deploy = DeploymentConfig(cp_size=cp_size, page_size=page_size)
@@ -213,6 +232,7 @@ def run_rows_command(
     grid: str,
     kv_cache_dtype: str,
     threads: int,
+    passes: int,
     repeats: int | None,
     device: Device,
     as_json: bool,
@@ -233,6 +253,7 @@ def run_rows_command(
             ROWS_REPEATS if repeats is None else repeats,
             str(device),
             on_step=lambda name: status.update(f"bench: {name}"),
+            placements=passes,
         )
     emit(as_json, report.to_json(), lambda: render_rows(out, report))
     raise typer.Exit(0)

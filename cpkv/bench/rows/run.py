@@ -47,10 +47,12 @@ GOAL_RATIO = 0.5
 """The goal of every op at the grid's longest history: half the copy ceiling or better."""
 PLAN_REPEATS = 3
 """Host plan timings per view strategy (median)."""
-PLACEMENTS = 2
+PLACEMENTS = 3
 """Passes over the grid, each building every point's buffers afresh; each op's rounds of
-every pass are pooled into one timing (``timing``)."""
-ROWS_REPEATS = 4
+every pass are pooled into one timing (``timing``). Where an op's buffers land moves its
+time by more than its rounds at one placement spread (docs/real-rows.md): three held the
+next run's figures better than two."""
+ROWS_REPEATS = 3
 """Least timed rounds of an op in one pass (a short op takes more: ``rounds``)."""
 
 
