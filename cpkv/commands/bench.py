@@ -119,7 +119,7 @@ RowsPassesOpt = Annotated[
         metavar="N",
         help="With --rows: passes over the grid, each building every point's buffers afresh; "
         "every entry pools the rounds of all of them (where an op's buffers land moves its "
-        "time; more passes, figures that hold between runs).",
+        "time; more passes sample more placements).",
     ),
 ]
 
