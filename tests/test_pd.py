@@ -24,6 +24,7 @@ from cpkv_core.pd.transport import TransferError, Write
 from cpkv_core.pd.writer import PieceWriter
 from cpkv_core.pd.writes import Outgoing
 from cpkv_core.planning import SplitStrategy
+from cpkv_core.planning.pd_pack import page_runs
 from cpkv_core.planning.pd_reshard import pair_tokens
 from cpkv_core.runtime.kv_pool import kv_bytes_per_page
 from cpkv_core.traces.trace import load_trace
@@ -301,7 +302,8 @@ def _writer(transport: _FakeTransport, overlap: bool = True) -> tuple[PieceWrite
 
 
 def _piece(rid: str, dst: int, rows: list[int]) -> Outgoing:
-    return Outgoing(rid, np.asarray(rows, dtype=np.int64), dst, "peer:1", Piece(dst, (0,)))
+    runs = page_runs(np.asarray(rows, dtype=np.int64), 4)
+    return Outgoing(rid, runs, dst, "peer:1", Piece(dst, (0,)))
 
 
 def test_a_flush_returns_before_its_write_lands_and_done_follows_the_write() -> None:

@@ -34,7 +34,12 @@ from cpkv_core.pd.wire import Message
 from cpkv_core.pd.writer import PieceWriter
 from cpkv_core.pd.writes import Outgoing, WriteStats
 from cpkv_core.planning import KvLayout, ScheduledBatch, ScheduledRequest
-from cpkv_core.planning.pd_pack import completed_pages, sender_first_rows, token_rows
+from cpkv_core.planning.pd_pack import (
+    completed_pages,
+    page_runs,
+    sender_first_rows,
+    token_rows,
+)
 from cpkv_core.planning.pd_reshard import reshard_pieces
 from cpkv_core.planning.tokens import token_ids
 from cpkv_core.runtime.engine import CPEngine
@@ -191,7 +196,7 @@ class PdSender:
         for piece in pieces:
             reply = state.replies[piece.dest]
             dst = reply.slab + piece.offset + (BAD_ADDRESS_OFFSET if bad else 0)
-            rows = token_rows(first_rows, piece.positions, seq_len, ps)
+            rows = page_runs(token_rows(first_rows, piece.positions, seq_len, ps), ps)
             sent = Piece(piece.offset, tuple(piece.positions.tolist()))
             self.writer.add(Outgoing(req.rid, rows, dst, reply.session, sent, piece.dest))
 

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cpkv_core.pd.pack import unpack_rows
+from cpkv_core.pd.pack import pack_index, unpack_rows
 from cpkv_core.pd.protocol import Piece
 from cpkv_core.pd.transport import Transport
-from cpkv_core.planning.pd_pack import token_rows, tokens_of_positions
+from cpkv_core.planning.pd_pack import page_runs, token_rows, tokens_of_positions
 from cpkv_core.planning.pd_reshard import decode_first_rows, decode_positions
 
 
@@ -130,9 +130,9 @@ def unpack_pieces(
     token_bytes = sum(int(view.shape[1]) for view in views)
     for piece in pieces:
         positions = np.asarray(piece.positions, dtype=np.int64)
-        rows = token_rows(first_rows, positions, seq_len, page_size)
+        rows = page_runs(token_rows(first_rows, positions, seq_len, page_size), page_size)
         block = slab[piece.offset : piece.offset + len(rows) * token_bytes]
-        unpack_rows(views, torch.from_numpy(rows), block)
+        unpack_rows(views, pack_index(rows, views[0].device), block)
 
 
 @dataclass(frozen=True, slots=True)

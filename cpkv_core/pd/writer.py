@@ -23,10 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
 from torch import Tensor
 
-from cpkv_core.pd.pack import pack_rows
+from cpkv_core.pd.pack import pack_index, pack_rows
 from cpkv_core.pd.transport import TransferError, Write
 from cpkv_core.pd.writes import Outgoing, WriteStats, merge_writes
 
@@ -141,7 +140,7 @@ class PieceWriter:
             for out in group:
                 nbytes = len(out.rows) * self.token_bytes
                 block = self.staging[index][offset : offset + nbytes]
-                pack_rows(self.views, torch.from_numpy(out.rows), block)
+                pack_rows(self.views, pack_index(out.rows, self.views[0].device), block)
                 writes.append(Write(block.data_ptr(), out.dst, nbytes))
                 offset += nbytes
             packed = time.perf_counter() - packing

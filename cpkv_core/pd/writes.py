@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from cpkv_core.pd.protocol import Piece
 from cpkv_core.pd.transport import Write
+from cpkv_core.planning.pd_pack import PageRuns
 from cpkv_core.planning.pd_reshard import merge_runs
 
 
@@ -19,8 +19,8 @@ class Outgoing:
     """One piece waiting to be written."""
 
     rid: str
-    rows: npt.NDArray[np.int64]
-    """``[tokens]`` the sender pool's rows, in block order."""
+    rows: PageRuns
+    """The sender pool's rows, in block order (``len``: its tokens)."""
     dst: int
     """Destination address in the decode server's receive slab."""
     session: str

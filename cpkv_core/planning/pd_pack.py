@@ -18,6 +18,8 @@ exactly once, without a message per piece.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
@@ -63,6 +65,43 @@ def token_rows(first_rows: Ints, positions: Ints, seq_len: int, page_size: int) 
         ends - counts, counts
     )
     return starts + within
+
+
+@dataclass(frozen=True, slots=True)
+class PageRuns:
+    """Token rows in packing order, as the whole pool pages they begin with and the rows
+    after them: a pack copies ``page_size`` rows at once where it can (pack.pack_rows)."""
+
+    pages: Ints
+    """``[p]`` pool page of each leading whole page: its rows are ``page * page_size`` on."""
+    rest: Ints
+    """``[r]`` pool rows after the whole pages (a partly filled last page, or rows that are
+    no whole aligned page)."""
+    page_size: int
+
+    def __len__(self) -> int:
+        """Token rows in all."""
+        return len(self.pages) * self.page_size + len(self.rest)
+
+    def rows(self) -> Ints:
+        """Every token row again, in order."""
+        within = np.arange(self.page_size, dtype=np.int64)
+        whole = (self.pages[:, None] * self.page_size + within).reshape(-1)
+        return np.concatenate([whole, self.rest]).astype(np.int64)
+
+
+def page_runs(rows: Ints, page_size: int) -> PageRuns:
+    """``rows`` cut after their longest prefix of whole pool pages: runs of ``page_size``
+    consecutive rows that start at a multiple of ``page_size``. ``token_rows`` of owned
+    positions are whole pages but for a request's partly filled last page."""
+    rows = np.asarray(rows, dtype=np.int64)
+    full = len(rows) // page_size
+    by_page = rows[: full * page_size].reshape(full, page_size)
+    heads = by_page[:, 0]
+    aligned = heads % page_size == 0
+    whole = (by_page == heads[:, None] + np.arange(page_size)).all(axis=1) & aligned
+    leading = full if whole.all() else int(np.argmin(whole))
+    return PageRuns(heads[:leading] // page_size, rows[leading * page_size :], page_size)
 
 
 def sender_first_rows(page_table: Ints, page_size: int, cp_size: int, sharded: bool) -> Ints:

@@ -13,7 +13,8 @@ Every op is one layer's (``per = "layer"``) or one chunk's (``per = "chunk"``, t
 - ``current-gather``: the chunk's all-gather alone (what a level-5 peer-read keeps);
 - ``tail``: the last-token hidden states, ``full`` gather (level 0) against ``narrow``;
 - ``pd-pack``: the rank's owned pages of every request packed into a staging buffer
-  (``pd.pack.pack_rows`` on ``pd_pack``'s rows, pieces cut at the staging size);
+  (``pd.pack.pack_rows`` on ``pd_pack``'s rows as whole pages and the rest, pieces cut at
+  the staging size);
 - ``rollback-save``: the copy of the rows the batch will write (``PagedKVPool.save_rows``).
 
 Bytes are the bytes each op writes (every one read once): a gather counts its send slots
@@ -34,11 +35,11 @@ from cpkv.bench.rows.measure import sync
 from cpkv.bench.rows.setup import RANK, PointSetup
 from cpkv.plan.capacity import scratch_tokens
 from cpkv_core.config import MaterializeMode
-from cpkv_core.pd.pack import pack_rows, row_views
+from cpkv_core.pd.pack import PackIndex, pack_index, pack_rows, row_views
 from cpkv_core.pd.staging import STAGING_BUFFERS
 from cpkv_core.pd.target import STAGING_BYTES
 from cpkv_core.planning import ExecutionPlan, HostPlan, KvReadStrategy
-from cpkv_core.planning.pd_pack import sender_first_rows, token_rows
+from cpkv_core.planning.pd_pack import page_runs, sender_first_rows, token_rows
 from cpkv_core.planning.pd_reshard import reshard_pieces
 from cpkv_core.runtime import PagedKVPool, materialize
 from cpkv_core.runtime.collect import (
@@ -231,7 +232,7 @@ def _pd_pack(setup: PointSetup, num_layers: int) -> RowOp:
     pool = setup.shard(RANK)
     views = row_views(pool)
     staging = torch.empty(STAGING_BYTES, dtype=torch.uint8)
-    pieces: list[torch.Tensor] = []
+    pieces: list[PackIndex] = []
     for req in setup.batch.requests:
         table = np.asarray(req.page_table, dtype=np.int64)
         first_rows = sender_first_rows(table, ps, cp, sharded=True)
@@ -241,18 +242,18 @@ def _pd_pack(setup: PointSetup, num_layers: int) -> RowOp:
         )
         for piece in owned:
             rows = token_rows(first_rows, piece.positions, req.seq_len, ps)
-            pieces.append(torch.from_numpy(rows).to(setup.device))
+            pieces.append(pack_index(page_runs(rows, ps), setup.device))
 
     def run() -> None:
-        for rows in pieces:
-            pack_rows(views, rows, staging[: len(rows) * setup.row_bytes])
+        for runs in pieces:
+            pack_rows(views, runs, staging[: len(runs) * setup.row_bytes])
 
     return RowOp(
         op="pd-pack",
         variant="owned-pages",
         levels=(0, 1, 2, 3, 4, 5),
         per="layer",
-        bytes=sum(len(rows) for rows in pieces) * setup.row_bytes,
+        bytes=sum(len(runs) for runs in pieces) * setup.row_bytes,
         run=run,
         planned_scratch_bytes=None,
         budget=PD_STAGING,
