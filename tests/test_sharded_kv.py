@@ -126,7 +126,8 @@ def test_materialized_view_equals_the_replicated_view(strategy: KvReadStrategy) 
     def body(comm: Communicator) -> list[KVRows]:
         host = build_host_plan(batch, plan, comm.rank)
         tensors = expand(host, upload(host, torch.device("cpu")), TINY.vocab_size)
-        view = materialize(comm, sharded[comm.rank].pool.layers[1], tensors.send_rows)
+        pool = sharded[comm.rank].pool
+        view = materialize(comm, pool.layers[1], tensors.send_pages, pool.page_size)
         assert host.view is not None
         rows = [
             host.view.key_rows(entries, req.seq_len)

@@ -215,7 +215,7 @@ def _measure_remaps(
             start = time.perf_counter()
             host = build_host_plan(second.scheduled, plan, comm.rank)
             tensors = expand(host, upload(host, engine.device), model.vocab_size)
-            materialize(comm, engine.pool.layers[0], tensors.send_rows)
+            materialize(comm, engine.pool.layers[0], tensors.send_pages, deploy.page_size)
             samples[strategy].append(time.perf_counter() - start)
             assert host.view is not None, "a view read plans a view"
             view_tokens[strategy] = host.view.view_tokens

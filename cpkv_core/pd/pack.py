@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from cpkv_core.planning.pd_pack import PageRuns
-from cpkv_core.runtime.kv_pool import PagedKVPool
+from cpkv_core.runtime.kv_pool import PagedKVPool, by_page
 
 
 def row_views(pool: PagedKVPool) -> list[Tensor]:
@@ -65,12 +65,12 @@ def pack_rows(views: Sequence[Tensor], index: PackIndex, block: Tensor) -> None:
     """
     whole, ps = len(index.pages) * index.page_size, index.page_size
     for view, out in _parts(views, index, block):
-        by_page = _by_page(view, ps)
+        pages_of_view = by_page(view, ps)
         if out.device == view.device:
-            torch.index_select(by_page, 0, index.pages, out=_by_page(out[:whole], ps))
+            torch.index_select(pages_of_view, 0, index.pages, out=by_page(out[:whole], ps))
             torch.index_select(view, 0, index.rest, out=out[whole:])
         else:
-            _by_page(out[:whole], ps).copy_(by_page.index_select(0, index.pages))
+            by_page(out[:whole], ps).copy_(pages_of_view.index_select(0, index.pages))
             out[whole:].copy_(view.index_select(0, index.rest))
 
 
@@ -79,7 +79,7 @@ def unpack_rows(views: Sequence[Tensor], index: PackIndex, block: Tensor) -> Non
     rows ``index`` of every view."""
     whole, ps = len(index.pages) * index.page_size, index.page_size
     for view, out in _parts(views, index, block):
-        _by_page(view, ps).index_copy_(0, index.pages, _by_page(out[:whole], ps))
+        by_page(view, ps).index_copy_(0, index.pages, by_page(out[:whole], ps))
         view.index_copy_(0, index.rest, out[whole:])
 
 
@@ -94,9 +94,3 @@ def _parts(
         yield view, block[offset : offset + n * width].view(n, width)
         offset += n * width
     assert offset == block.numel(), f"block of {block.numel()} bytes, {offset} in its rows"
-
-
-def _by_page(rows: Tensor, page_size: int) -> Tensor:
-    """``[rows, width]`` as ``[rows // page_size, page_size * width]`` (whole pages only)."""
-    pages = int(rows.shape[0]) // page_size
-    return rows[: pages * page_size].view(pages, page_size * int(rows.shape[1]))

@@ -42,7 +42,7 @@ from cpkv_core.planning import (
 )
 from cpkv_core.runtime.device_plan import BatchTensors
 from cpkv_core.runtime.failures import FailureCause, LocalFailure
-from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, page_rows
 
 DEBUG_TAG = "debug"
 """Collective tag of the checks' gathers, so their bytes are counted apart."""
@@ -179,13 +179,14 @@ class DebugChecks:
         rows_per_rank = len(engine.pool.layers[layer])
         bounds = np.asarray(view.owner_rows, np.int64)
         owner = np.repeat(np.arange(view.cp_size, dtype=np.int64), np.diff(bounds))
-        offsets = torch.from_numpy(owner * rows_per_rank).to(tensors.send_rows.device)
+        send_rows = page_rows(tensors.send_pages, view.page_size)
+        offsets = torch.from_numpy(owner * rows_per_rank).to(send_rows.device)
         # NOTE: only rows some key reads: the rest of a page the chunk resumes in is
         # written by its owner during this batch, so a view may hold it before or after.
         key_rows = tensors.key_rows.cpu().numpy()
         used = np.unique(key_rows[key_rows < view.view_tokens])
         index = torch.from_numpy(used).to(offsets.device)
-        gathered = pools.select((tensors.send_rows + offsets).index_select(0, index))
+        gathered = pools.select((send_rows + offsets).index_select(0, index))
         same = _same_rows(keys.select(index), gathered)
         if not same.all():
             bad = used[~same][:8].tolist()

@@ -36,9 +36,10 @@ class BatchTensors:
     write_source: Tensor | None
     write_dest: Tensor  # [num_written] rows of this rank's pool
     written_locs: Tensor  # [num_written] logical locs of those rows
-    # gather: [max_pages * page_size] pool rows sent into a view (padding reads row 0);
-    # peer-read: [history_tokens] owners' pool rows read, owner by owner, in view order
-    send_rows: Tensor
+    # gather: [max_pages] pool pages sent into a view's slots (padding reads page 0);
+    # peer-read: [history pages] owners' pool pages read, owner by owner, in view order
+    # (their rows: ``kv_pool.page_rows``)
+    send_pages: Tensor
     last_token_indices: Tensor  # [bs]
     gathered_last_rows: Tensor  # [bs] row of each last token in the narrow tail's gather
     local_last_rows: Tensor  # [num_local_last]
@@ -133,8 +134,6 @@ def expand(plan: HostPlan, packed: Tensor, vocab_size: int) -> BatchTensors:
     request = request_of_token[local]
     positions = t["prefix_lens"][request] + local - cu_extend[request]
     run, offset = _runs(t["write_first"], t["write_count"], plan.num_written)
-    ps = plan.page_size
-    send_pages = t["send_pages"]
     return BatchTensors(
         local_token_indices=local,
         local_token_ids=token_ids(t["rid_keys"][request], positions, vocab_size),
@@ -144,7 +143,7 @@ def expand(plan: HostPlan, packed: Tensor, vocab_size: int) -> BatchTensors:
         write_source=None if _writes_source_in_order(plan) else t["write_src0"][run] + offset,
         write_dest=t["write_dst0"][run] + offset,
         written_locs=t["write_loc0"][run] + offset,
-        send_rows=(send_pages[:, None] * ps + _arange(ps, packed)[None, :]).reshape(-1),
+        send_pages=t["send_pages"],
         last_token_indices=t["last_tokens"],
         gathered_last_rows=t["gathered_last_rows"],
         local_last_rows=t["local_last_rows"],

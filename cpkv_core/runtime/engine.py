@@ -270,7 +270,7 @@ class CPEngine:
         if views is not None:
             return views.keys(layer, current)
         began = time.perf_counter()
-        keys = key_source(self.comm, self.pool, layer, host.key_source, tensors.send_rows, current)
+        keys = key_source(self.comm, self.pool, layer, host.key_source, tensors.send_pages, current)
         if host.key_source is KeySource.VIEW:
             self.exposed_materialize_seconds += time.perf_counter() - began
         return keys

@@ -33,7 +33,7 @@ from cpkv_core.dist.comm import Communicator, GatherHandle
 from cpkv_core.planning.host_plan import HostPlan, KeySource
 from cpkv_core.runtime.device_plan import BatchTensors
 from cpkv_core.runtime.kv_access import MATERIALIZE_TAG
-from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
+from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool, by_page
 
 __all__ = ["HistoryViews"]
 
@@ -114,7 +114,7 @@ class HistoryViews:
 
     def _gather_into(self, layer: int, buffer: KVRows) -> list[GatherHandle]:
         """The owners' padded slots of ``layer``, all-gathered into the buffer's head."""
-        local = self.pool.layers[layer].select(self.tensors.send_rows)
+        local = self.pool.layers[layer].select_pages(self.tensors.send_pages, self.pool.page_size)
         handles = []
         for f in _FIELDS:
             part: Tensor = getattr(buffer, f)[: self.history]
@@ -123,16 +123,19 @@ class HistoryViews:
         return handles
 
     def _read_peers_into(self, layer: int, buffer: KVRows) -> None:
-        """The owners' history rows of ``layer``, read from their mapped pools."""
+        """The owners' history pages of ``layer``, read from their mapped pools page by
+        page."""
         view = self.host.peer_view
         assert view is not None, "a peer read plans a peer view"
-        rows = self.tensors.send_rows
+        ps, pages = view.page_size, self.tensors.send_pages
         for f in _FIELDS:
             out = _raw(getattr(buffer, f))
             for owner, ranks_layers in enumerate(self.peers):
                 start, end = view.owner_rows[owner], view.owner_rows[owner + 1]
-                source = _raw(getattr(ranks_layers[layer], f))
-                torch.index_select(source, 0, rows[start:end], out=out[start:end])
+                assert start % ps == end % ps == 0, f"owner {owner} rows {start}:{end}"
+                source = by_page(_raw(getattr(ranks_layers[layer], f)), ps)
+                into = by_page(out[start:end], ps)
+                torch.index_select(source, 0, pages[start // ps : end // ps], out=into)
 
     def start(self, layer: int) -> None:
         """Starts fetching ``layer``'s history view (no-op past the last layer or when

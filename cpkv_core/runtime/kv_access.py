@@ -30,17 +30,19 @@ def write_rows(
     pool.write(layer, dest, source if rows is None else source.select(rows))
 
 
-def materialize(comm: Communicator, pool_layer: KVRows, send_rows: Tensor) -> KVRows:
+def materialize(
+    comm: Communicator, pool_layer: KVRows, send_pages: Tensor, page_size: int
+) -> KVRows:
     """Gathers the pages a batch reads from their owners into one dense view.
 
     Args:
         pool_layer: this rank's pool for one layer.
-        send_rows: ``[max_pages * page_size]`` pool rows this rank sends into its slots.
+        send_pages: ``[max_pages]`` pool pages this rank sends into its slots.
 
     Returns:
         The view, ``[cp_size * max_pages * page_size, ...]`` token rows.
     """
-    local = pool_layer.select(send_rows)
+    local = pool_layer.select_pages(send_pages, page_size)
     return KVRows(
         comm.all_gather(local.latent, MATERIALIZE_TAG).flatten(0, 1),
         comm.all_gather(local.index_k, MATERIALIZE_TAG).flatten(0, 1),
@@ -53,7 +55,7 @@ def key_source(
     pool: PagedKVPool,
     layer: int,
     source: KeySource,
-    send_rows: Tensor,
+    send_pages: Tensor,
     current: KVRows,
 ) -> KVRows:
     """The buffer this batch's keys are read from, by the plan's source (a history view plus
@@ -64,4 +66,4 @@ def key_source(
         return pool.layers[layer]
     if source is KeySource.CURRENT:
         return current
-    return materialize(comm, pool.layers[layer], send_rows)
+    return materialize(comm, pool.layers[layer], send_pages, pool.page_size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,32 @@ class KVRows:
             self.index_k.index_select(0, index),
             self.index_k_scale.index_select(0, index),
         )
+
+    def select_pages(self, pages: Tensor, page_size: int) -> KVRows:
+        """The rows of whole pages ``pages [p]`` (page ``k`` is rows ``k * page_size`` on),
+        page by page: ``select`` of ``page_rows(pages, page_size)``, one ``page_size``-row
+        copy per page instead of one per row."""
+        return KVRows(
+            *(
+                by_page(t, page_size)
+                .index_select(0, pages)
+                .view(len(pages) * page_size, *t.shape[1:])
+                for t in (self.latent, self.index_k, self.index_k_scale)
+            )
+        )
+
+
+def by_page(rows: Tensor, page_size: int) -> Tensor:
+    """``rows [n, ...]`` as ``[n // page_size, page_size * ...]``: one entry per whole page
+    (a view; the rows after the last whole page are left out)."""
+    pages = int(rows.shape[0]) // page_size
+    return rows[: pages * page_size].view(pages, page_size * math.prod(rows.shape[1:]))
+
+
+def page_rows(pages: Tensor, page_size: int) -> Tensor:
+    """``[p * page_size]`` the rows of ``pages [p]``, page by page."""
+    within = torch.arange(page_size, dtype=pages.dtype, device=pages.device)
+    return (pages[:, None] * page_size + within[None, :]).reshape(-1)
 
 
 @dataclass(frozen=True, slots=True)

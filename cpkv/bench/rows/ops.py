@@ -99,16 +99,16 @@ def _gather_view(setup: PointSetup, remap: KvReadStrategy, comm: RankAlone) -> R
         setup.level2_plan.split, setup.level2_plan.kv_write, remap, setup.level2_plan.output
     )
     host = setup.plan(strategies)
-    send_rows = setup.tensors(host).send_rows
+    send_pages = setup.tensors(host).send_pages
     layer = setup.shard(RANK).layers[0]
-    cp = setup.point.cp_size
+    cp, ps = setup.point.cp_size, setup.deploy.page_size
     return RowOp(
         op="view",
         variant="slot" if remap is KvReadStrategy.MATERIALIZED_SLOT else "unique",
         levels=(2, 3, 4, 5),
         per="layer",
-        bytes=(1 + cp) * len(send_rows) * setup.row_bytes,
-        run=lambda: materialize(comm, layer, send_rows),
+        bytes=(1 + cp) * len(send_pages) * ps * setup.row_bytes,
+        run=lambda: materialize(comm, layer, send_pages, ps),
         planned_scratch_bytes=_planned(setup, MaterializeMode.GATHER),
         budget=POOL_SCRATCH,
         plan_seconds=_plan_timer(setup, strategies, peer=False),

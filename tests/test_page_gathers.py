@@ -1,6 +1,7 @@
-"""PD packing by whole pages: ``page_runs`` cuts a piece's token rows into whole pool pages
-and the rows after them, and ``pack_rows`` / ``unpack_rows`` move exactly the rows a
-row-by-row gather would, in the same block order."""
+"""Gathers by whole pages: ``page_runs`` cuts a PD piece's token rows into whole pool pages
+and the rows after them, ``pack_rows`` / ``unpack_rows`` move exactly the rows a row-by-row
+gather would, in the same block order, and a view's ``KVRows.select_pages`` selects what
+``select`` of the pages' rows does."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from cpkv_core.pd.pack import pack_index, pack_rows, unpack_rows
 from cpkv_core.planning.pd_pack import page_runs, sender_first_rows, token_rows
+from cpkv_core.runtime.kv_pool import KVRows, page_rows
 
 PAGE = 4
 POOL_PAGES = 12
@@ -74,3 +76,22 @@ def test_pack_and_unpack_move_the_rows_a_row_by_row_gather_moves(
             expected = torch.zeros_like(view)
             expected[rows_t] = view[rows_t]
             assert torch.equal(got, expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, POOL_PAGES - 1), max_size=8), st.integers(0, 2**31 - 1))
+def test_select_pages_is_select_of_the_pages_rows(pages: list[int], seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    n = POOL_PAGES * PAGE
+    layer = KVRows(
+        torch.randn(n, 6, generator=gen),
+        torch.randn(n, 3, generator=gen).to(torch.float8_e4m3fn),
+        torch.randn(n, generator=gen),
+    )
+    index = torch.tensor(pages, dtype=torch.int64)
+    got = layer.select_pages(index, PAGE)
+    want = layer.select(page_rows(index, PAGE))
+    for field in ("latent", "index_k", "index_k_scale"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert a.shape == b.shape  # bytes, so that NaN compares as itself
+        assert torch.equal(a.contiguous().view(torch.uint8), b.view(torch.uint8))
