@@ -28,12 +28,7 @@ from cpkv_core.pd.pack import pack_index, pack_rows
 from cpkv_core.pd.protocol import Alloc, AllocReply, Await, Done, Piece, Report, ReportReply
 from cpkv_core.pd.transport import Transport
 from cpkv_core.planning import ScheduledBatch, pages_for_trace, token_ids
-from cpkv_core.planning.pd_pack import (
-    completed_pages,
-    page_runs,
-    sender_first_rows,
-    token_rows,
-)
+from cpkv_core.planning.pd_pack import completed_pages, page_runs, sender_first_rows, token_rows
 from cpkv_core.planning.pd_reshard import decode_pages_per_rank, reshard_pieces
 from cpkv_core.traces.trace import load_trace
 from phases import PhaseId, level_enabled
@@ -145,7 +140,7 @@ def _send(
             for piece in pieces:
                 rows = page_runs(token_rows(first_rows, piece.positions, final, PAGE), PAGE)
                 block = torch.zeros(len(rows) * TOKEN_BYTES, dtype=torch.uint8)
-                pack_rows(shards[rank], pack_index(rows, 'cpu'), block)
+                pack_rows(shards[rank], pack_index(rows, "cpu"), block)
                 server = servers[piece.dest]
                 at = replies[piece.dest].slab - server.arena.address + piece.offset
                 server.arena.buffer[at : at + len(block)] = block  # the transfer engine's write

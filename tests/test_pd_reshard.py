@@ -11,12 +11,7 @@ from hypothesis import strategies as st
 from cpkv_core.pd.pack import pack_index, pack_rows
 from cpkv_core.pd.protocol import Piece
 from cpkv_core.pd.receive import tiling_error, unpack_pieces
-from cpkv_core.planning.pd_pack import (
-    completed_pages,
-    page_runs,
-    sender_first_rows,
-    token_rows,
-)
+from cpkv_core.planning.pd_pack import completed_pages, page_runs, sender_first_rows, token_rows
 from cpkv_core.planning.pd_reshard import (
     NOT_OWNED,
     ReshardPiece,
@@ -140,7 +135,7 @@ def test_every_owned_page_goes_once_to_its_decode_owner_and_unpacks_byte_for_byt
                 rows = token_rows(first_rows, piece.positions, seq_len, page_size)
                 block = torch.zeros(len(rows) * token_bytes, dtype=torch.uint8)
                 assert len(block) <= capacity
-                pack_rows(pools[rank], pack_index(page_runs(rows, page_size), 'cpu'), block)
+                pack_rows(pools[rank], pack_index(page_runs(rows, page_size), "cpu"), block)
                 slab[piece.offset : piece.offset + len(block)] = block
                 landed.append(Piece(piece.offset, tuple(int(j) for j in piece.positions)))
         mine = decode_positions(pages, dest, dcp_size)

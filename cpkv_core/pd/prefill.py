@@ -34,12 +34,7 @@ from cpkv_core.pd.wire import Message
 from cpkv_core.pd.writer import PieceWriter
 from cpkv_core.pd.writes import Outgoing, WriteStats
 from cpkv_core.planning import KvLayout, ScheduledBatch, ScheduledRequest
-from cpkv_core.planning.pd_pack import (
-    completed_pages,
-    page_runs,
-    sender_first_rows,
-    token_rows,
-)
+from cpkv_core.planning.pd_pack import completed_pages, page_runs, sender_first_rows, token_rows
 from cpkv_core.planning.pd_reshard import reshard_pieces
 from cpkv_core.planning.tokens import token_ids
 from cpkv_core.runtime.engine import CPEngine
