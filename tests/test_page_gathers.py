@@ -54,13 +54,14 @@ def test_owned_positions_are_whole_pages_but_the_partial_last_one() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(piece_rows(), st.integers(0, 2**31 - 1))
+@given(piece_rows(), st.integers(0, PAGE - 1), st.integers(0, 2**31 - 1))
 def test_pack_and_unpack_move_the_rows_a_row_by_row_gather_moves(
-    rows: np.ndarray, seed: int
+    rows: np.ndarray, extra_rows: int, seed: int
 ) -> None:
+    """``extra_rows``: views whose rows end inside a page (a pool's are whole pages)."""
     gen = torch.Generator().manual_seed(seed)
     views = [
-        torch.randint(0, 256, (POOL_PAGES * PAGE, w), dtype=torch.uint8, generator=gen)
+        torch.randint(0, 256, (POOL_PAGES * PAGE + extra_rows, w), dtype=torch.uint8, generator=gen)
         for w in WIDTHS
     ]
     index = pack_index(page_runs(rows, PAGE), "cpu")

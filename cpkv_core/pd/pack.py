@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -63,34 +64,56 @@ def pack_rows(views: Sequence[Tensor], index: PackIndex, block: Tensor) -> None:
     On the views' device the gather writes straight into ``block``; from another device it
     gathers there and copies once.
     """
-    whole, ps = len(index.pages) * index.page_size, index.page_size
-    for view, out in _parts(views, index, block):
-        pages_of_view = by_page(view, ps)
-        if out.device == view.device:
-            torch.index_select(pages_of_view, 0, index.pages, out=by_page(out[:whole], ps))
-            torch.index_select(view, 0, index.rest, out=out[whole:])
+    same_device = block.device == views[0].device if views else True
+    for view, view_pages, out_pages, out_rest in _parts(views, index, block):
+        if same_device:
+            torch.index_select(view_pages, 0, index.pages, out=out_pages)
+            if out_rest is not None:
+                torch.index_select(view, 0, index.rest, out=out_rest)
         else:
-            by_page(out[:whole], ps).copy_(pages_of_view.index_select(0, index.pages))
-            out[whole:].copy_(view.index_select(0, index.rest))
+            out_pages.copy_(view_pages.index_select(0, index.pages))
+            if out_rest is not None:
+                out_rest.copy_(view.index_select(0, index.rest))
 
 
 def unpack_rows(views: Sequence[Tensor], index: PackIndex, block: Tensor) -> None:
     """Scatters ``block [tokens * token_bytes]`` (as packed by ``pack_rows``) into the token
     rows ``index`` of every view."""
-    whole, ps = len(index.pages) * index.page_size, index.page_size
-    for view, out in _parts(views, index, block):
-        by_page(view, ps).index_copy_(0, index.pages, by_page(out[:whole], ps))
-        view.index_copy_(0, index.rest, out[whole:])
+    for view, view_pages, out_pages, out_rest in _parts(views, index, block):
+        view_pages.index_copy_(0, index.pages, out_pages)
+        if out_rest is not None:
+            view.index_copy_(0, index.rest, out_rest)
 
 
-def _parts(
-    views: Sequence[Tensor], index: PackIndex, block: Tensor
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """Each view and its ``[tokens, row_bytes]`` part of ``block``."""
-    n = len(index)
+class _Part(NamedTuple):
+    """One view and its part of a block: ``out_pages [p, page_size * row_bytes]`` for the
+    whole pages, then ``out_rest [r, row_bytes]`` (None when there are no rows after them)."""
+
+    view: Tensor
+    view_pages: Tensor
+    out_pages: Tensor
+    out_rest: Tensor | None
+
+
+def _parts(views: Sequence[Tensor], index: PackIndex, block: Tensor) -> Iterator[_Part]:
+    """Each view and its part of ``block``.
+
+    NOTE: a sender packs a piece of a few pages per layer and pool tensor, hundreds of calls
+    a layer at 128K; each tensor op here costs microseconds of host time, as much as the
+    copy it sets up (docs/pd.md), so a part is cut with as few as it takes.
+    """
+    num_pages, ps = int(index.pages.shape[0]), index.page_size
+    num_rest = int(index.rest.shape[0])
     offset = 0
     for view in views:
-        width = int(view.shape[1])
-        yield view, block[offset : offset + n * width].view(n, width)
-        offset += n * width
+        num_rows, width = view.shape
+        split = offset + num_pages * ps * width
+        end = split + num_rest * width
+        yield _Part(
+            view,
+            view.view(num_rows // ps, ps * width) if num_rows % ps == 0 else by_page(view, ps),
+            block[offset:split].view(num_pages, ps * width),
+            block[split:end].view(num_rest, width) if num_rest else None,
+        )
+        offset = end
     assert offset == block.numel(), f"block of {block.numel()} bytes, {offset} in its rows"

@@ -47,8 +47,10 @@ class KVRows:
 def by_page(rows: Tensor, page_size: int) -> Tensor:
     """``rows [n, ...]`` as ``[n // page_size, page_size * ...]``: one entry per whole page
     (a view; the rows after the last whole page are left out)."""
-    pages = int(rows.shape[0]) // page_size
-    return rows[: pages * page_size].view(pages, page_size * math.prod(rows.shape[1:]))
+    num_rows = int(rows.shape[0])
+    pages = num_rows // page_size
+    whole = rows if pages * page_size == num_rows else rows[: pages * page_size]
+    return whole.view(pages, page_size * math.prod(rows.shape[1:]))
 
 
 def page_rows(pages: Tensor, page_size: int) -> Tensor:
