@@ -15,6 +15,8 @@ reference, so every reduction here runs in a fixed, shape-independent order:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -44,13 +46,9 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     """
     if _shapes_only(x, weight) and x.dtype == weight.dtype:
         return x @ weight
-    columns = x.t().contiguous()  # NOTE: column i as one contiguous run (same ops, faster)
-    out = columns[0, :, None] * weight[0]
-    term = torch.empty_like(out)
-    for i in range(1, weight.shape[0]):
-        torch.mul(columns[i, :, None], weight[i], out=term)
-        out.add_(term)
-    return out
+    # NOTE: column i as one contiguous run (same ops, faster)
+    columns = x.t().contiguous()[:, :, None].unbind(0)
+    return _added_in_order(columns, weight.unbind(0))
 
 
 def ordered_sum(x: Tensor, dim: int) -> Tensor:
@@ -59,10 +57,10 @@ def ordered_sum(x: Tensor, dim: int) -> Tensor:
         return x.sum(dim, dtype=x.dtype)
     if x.shape[dim] == 1:
         return x.select(dim, 0)
-    slices = x.movedim(dim, 0).contiguous()
+    slices = x.movedim(dim, 0).contiguous().unbind(0)
     out = slices[0] + slices[1]
-    for i in range(2, slices.shape[0]):
-        out.add_(slices[i])
+    for later in slices[2:]:
+        out.add_(later)
     return out
 
 
@@ -141,9 +139,19 @@ def sum_of_products(a_terms: Tensor, b_terms: Tensor) -> Tensor:
     """
     if _shapes_only(a_terms, b_terms):
         return (a_terms * b_terms).sum(0)
+    return _added_in_order(a_terms.unbind(0), b_terms.unbind(0))
+
+
+def _added_in_order(a_terms: Sequence[Tensor], b_terms: Sequence[Tensor]) -> Tensor:
+    """``a_terms[0] * b_terms[0] + a_terms[1] * b_terms[1] + ...``, added first to last.
+
+    NOTE: the terms come in as views made once (``unbind``): at a few hundred terms of a
+    few thousand elements, indexing a term out of its tensor each time cost as much host
+    time as its multiply and add (``linear`` at 300 x 512 -> 64: 8.5-9.4 ms, 6.2-6.3 ms so).
+    """
     out = a_terms[0] * b_terms[0]
     term = torch.empty_like(out)
-    for i in range(1, a_terms.shape[0]):
-        torch.mul(a_terms[i], b_terms[i], out=term)
+    for a, b in zip(a_terms[1:], b_terms[1:], strict=True):
+        torch.mul(a, b, out=term)
         out.add_(term)
     return out
