@@ -51,8 +51,9 @@ PLACEMENTS = 3
 """Passes over the grid, each building every point's buffers afresh; each op's rounds of
 every pass are pooled into one timing (``timing``). Where an op's buffers land moves its
 time by more than its rounds at one placement spread (docs/real-rows.md): over three, the
-next run's figure fell inside the spread for 94 of the 96 entries at 128K (89 before the
-pack's host work was cut, 77-90 with the row-by-row gathers, 65-86 over two passes)."""
+next run's figure fell inside the spread for 83-94 of the 96 entries at 128K over three
+pairs of runs (89 before the pack's host work was cut, 77-90 with the row-by-row gathers,
+65-86 over two passes)."""
 ROWS_REPEATS = 3
 """Least timed rounds of an op in one pass (a short op takes more: ``rounds``)."""
 
