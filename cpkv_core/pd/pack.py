@@ -106,12 +106,12 @@ def _parts(views: Sequence[Tensor], index: PackIndex, block: Tensor) -> Iterator
     num_rest = int(index.rest.shape[0])
     offset = 0
     for view in views:
-        num_rows, width = view.shape
+        width = view.shape[1]
         split = offset + num_pages * ps * width
         end = split + num_rest * width
         yield _Part(
             view,
-            view.view(num_rows // ps, ps * width) if num_rows % ps == 0 else by_page(view, ps),
+            by_page(view, ps),
             block[offset:split].view(num_pages, ps * width),
             block[split:end].view(num_rest, width) if num_rest else None,
         )

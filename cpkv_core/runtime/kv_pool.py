@@ -47,10 +47,12 @@ class KVRows:
 def by_page(rows: Tensor, page_size: int) -> Tensor:
     """``rows [n, ...]`` as ``[n // page_size, page_size * ...]``: one entry per whole page
     (a view; the rows after the last whole page are left out)."""
-    num_rows = int(rows.shape[0])
+    # NOTE: no slice when the rows are whole pages, and shapes read once: a PD sender calls
+    # this hundreds of times a layer (pd.pack), where each tensor op costs microseconds.
+    num_rows, *row_shape = rows.shape
     pages = num_rows // page_size
     whole = rows if pages * page_size == num_rows else rows[: pages * page_size]
-    return whole.view(pages, page_size * math.prod(rows.shape[1:]))
+    return whole.view(pages, page_size * math.prod(row_shape))
 
 
 def page_rows(pages: Tensor, page_size: int) -> Tensor:
