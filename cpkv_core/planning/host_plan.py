@@ -23,6 +23,7 @@ from cpkv_core.planning.execution import ExecutionPlan, KvReadStrategy, KvWriteS
 from cpkv_core.planning.ownership import local_page
 from cpkv_core.planning.page_runs import current_page_runs, flatten_tables
 from cpkv_core.planning.peer_view import PeerViewPlan, history_entries, peer_view_plan
+from cpkv_core.planning.query_blocks import QueryBlock, split_query_blocks
 from cpkv_core.planning.remap import ViewPlan, slot_view_plan, unique_view_plan
 from cpkv_core.planning.scheduler import ScheduledBatch
 from cpkv_core.planning.segments import SplitSegments, build_segments
@@ -58,6 +59,8 @@ class AttendedRequest:
     key_start: int
     key_end: int
     """``key_end - key_start`` is the request's ``seq_len``."""
+    blocks: tuple[QueryBlock, ...]
+    """Its local rows cut for the indexer, each block with the keys it sees."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +253,16 @@ def build_host_plan(
     seq = prefix + extend
     key_cu = np.concatenate([[0], np.cumsum(seq[attended_index])]).astype(np.int64)
     attended = tuple(
-        AttendedRequest(int(i), int(row_bounds[i]), int(row_bounds[i + 1]), int(k0), int(k1))
+        AttendedRequest(
+            int(i),
+            int(row_bounds[i]),
+            int(row_bounds[i + 1]),
+            int(k0),
+            int(k1),
+            split_query_blocks(
+                segs, lo, hi, row_bounds[i], row_bounds[i + 1], cu_extend[i], prefix[i]
+            ),
+        )
         for i, k0, k1 in zip(attended_index, key_cu[:-1], key_cu[1:], strict=True)
     )
     read = _read(batch, plan, rank, flat, peer_read, history_view)

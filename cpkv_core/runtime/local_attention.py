@@ -41,6 +41,7 @@ def attend_local(
             tensors.local_positions[req.row_start : req.row_end],
             keys.index_k.index_select(0, req_rows),
             keys.index_k_scale.index_select(0, req_rows),
+            req.blocks,
         )
         topk.append(topk_r)
         rows.append(req_rows[topk_r.clamp(min=0)])  # NOTE: as ``sparse_attention`` clamps

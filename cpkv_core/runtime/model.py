@@ -16,12 +16,14 @@ depend on which other queries or keys share the call, or on where keys sit in me
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from cpkv_core.config import IndexKDtype, ModelConfig
+from cpkv_core.planning.query_blocks import QueryBlock
 from cpkv_core.runtime.ops import (
     exact_fp8_dot,
     linear,
@@ -195,11 +197,28 @@ def indexer_topk(
     query_positions: Tensor,
     index_keys: Tensor,
     index_keys_scale: Tensor,
+    blocks: Sequence[QueryBlock] = (),
 ) -> Tensor:
     """The indexer's top-k for queries of one request: ``[nq, index_topk]`` key positions
-    (``select_topk``) of ``index_keys [num_keys, index_head_dim]``, row = logical position."""
-    scores = index_scores(proj, index_keys, index_keys_scale)
-    return select_topk(scores, query_positions, cfg.index_topk)
+    (``select_topk``) of ``index_keys [num_keys, index_head_dim]``, row = logical position.
+
+    ``blocks`` (``planning.query_blocks``) cut the queries into calls, each over the keys
+    its block sees: the same bits as one call over every key (none: one call)."""
+    if not blocks:
+        scores = index_scores(proj, index_keys, index_keys_scale)
+        return select_topk(scores, query_positions, cfg.index_topk)
+    return torch.cat(
+        [
+            indexer_topk(
+                cfg,
+                proj.between(block.start, block.end),
+                query_positions[block.start : block.end],
+                index_keys[: block.num_keys],
+                index_keys_scale[: block.num_keys],
+            )
+            for block in blocks
+        ]
+    )
 
 
 def attend_request(
@@ -209,6 +228,7 @@ def attend_request(
     latent_keys: Tensor,
     index_keys: Tensor,
     index_keys_scale: Tensor,
+    blocks: Sequence[QueryBlock] = (),
 ) -> tuple[Tensor, Tensor]:
     """Indexer top-k and sparse attention for queries of one request.
 
@@ -218,11 +238,12 @@ def attend_request(
         latent_keys: ``[num_keys, kv_dim]`` the request's latent KV, row = logical position.
         index_keys: ``[num_keys, index_head_dim]`` its stored index K.
         index_keys_scale: ``[num_keys]``.
+        blocks: the queries' indexer blocks (``indexer_topk``).
 
     Returns:
         ``(attn [nq, num_heads * kv_lora_rank], topk_positions [nq, index_topk])``.
     """
-    topk_positions = indexer_topk(cfg, proj, query_positions, index_keys, index_keys_scale)
+    topk_positions = indexer_topk(cfg, proj, query_positions, index_keys, index_keys_scale, blocks)
     return sparse_attention(cfg, proj.q, latent_keys, topk_positions), topk_positions
 
 

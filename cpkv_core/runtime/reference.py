@@ -14,6 +14,7 @@ import torch
 
 from cpkv_core.config import IndexKDtype, ModelConfig
 from cpkv_core.planning import ScheduledBatch, ScheduledRequest, token_ids
+from cpkv_core.planning.query_blocks import contiguous_query_blocks
 from cpkv_core.runtime.kv_pool import KVRows, PagedKVPool
 from cpkv_core.runtime.model import (
     attend_request,
@@ -75,6 +76,7 @@ class ReferenceModel:
         current_locs = self.locs(req, req.prefix_len, req.seq_len)
         key_locs = self.locs(req, 0, req.seq_len)
         hidden = embed(self.weights, ids, positions)
+        blocks = contiguous_query_blocks(req.prefix_len, req.seq_len - req.prefix_len)
         topk_per_layer = []
         for layer_index, layer in enumerate(self.weights.layers):
             proj = project(self.cfg, layer, hidden, self.index_k_dtype)
@@ -82,7 +84,7 @@ class ReferenceModel:
             self.pool.write(layer_index, current_locs, rows)
             keys = self.pool.read(layer_index, key_locs)
             attn, topk = attend_request(
-                self.cfg, proj, positions, keys.latent, keys.index_k, keys.index_k_scale
+                self.cfg, proj, positions, keys.latent, keys.index_k, keys.index_k_scale, blocks
             )
             topk_per_layer.append(topk)
             hidden = finish_layer(layer, hidden, attn)
