@@ -3,11 +3,14 @@ count-only figures' model counts what the bench's model counts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from cpkv.bench.byte_model import one_head
 from cpkv.bench.bytes import bytes_by_batch
+from cpkv.bench.cp_off import cp_off_bytes_jobs, cp_off_bytes_rows
 from cpkv.bench.measure import ALL_PHASES
 from cpkv.run.jobs import Backend, LevelRun, RankJob
 from cpkv.run.runner import run_levels
@@ -80,3 +83,20 @@ def test_the_one_head_model_counts_every_byte_the_model_counts(mode: CpMode, cp_
         for ra, rb in zip(counted, one, strict=True)
         for a, b in zip(ra.rank_outputs, rb.rank_outputs, strict=True)
     )
+
+
+def test_cp_off_bytes_stop_after_the_last_batch_below_the_minimum_and_count_the_same() -> None:
+    """The bytes half runs the trace up to its last batch below the minimum: every count of
+    those batches, and so every row, is what the whole trace's run gives them."""
+    deploy = make_deploy(cp_size=2, page_size=16)
+    batches = load_trace(DATA / "long.jsonl", 16).batches  # 280, 275, 5, 297 tokens
+    cut = cp_off_bytes_jobs(model_preset("tiny"), deploy, batches, 280, levels=(2, 5))
+    assert [len(job.batches) for job in cut] == [3, 3]
+    whole = [dataclasses.replace(job, batches=batches) for job in cut]
+    runs_cut = [run_levels(job, Backend.LOCAL) for job in cut]
+    runs_whole = [run_levels(job, Backend.LOCAL) for job in whole]
+    for job_cut, job_whole in zip(runs_cut, runs_whole, strict=True):
+        for level_cut, level_whole in zip(job_cut, job_whole, strict=True):
+            assert _counts([level_cut]) == _counts([level_whole])[:3]
+    assert cp_off_bytes_rows(runs_cut, batches, 280) == cp_off_bytes_rows(runs_whole, batches, 280)
+    assert len(cp_off_bytes_rows(runs_cut, batches, 280)) == 2 * 2 * 2

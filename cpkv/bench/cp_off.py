@@ -2,7 +2,8 @@
 
 Two measurements, side by side:
 
-- bytes: the trace runs at every level twice on the bench's gloo group, every batch split
+- bytes: the trace (up to its last batch below the minimum: ``bytes_batches``) runs at
+  every level twice on the bench's gloo group, every batch split
   (``cp_min_tokens`` 0 and SGLang's gate off, ``split-anyway``, so "on" means split) and
   with batches below the minimum unsplit (the ``none`` split); for
   each batch below the minimum, rank 0's bytes by purpose (current gather, tail,
@@ -124,11 +125,22 @@ def _job(
     batches: Sequence[BatchSpec],
     levels: Sequence[int],
     device: str,
+    pages_of: Sequence[BatchSpec] | None = None,
 ) -> RankJob:
-    pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
+    """``batches`` at ``levels``, in a pool sized for ``pages_of`` (default: ``batches``)."""
+    pages = pages_for_trace(pages_of or batches, deploy.page_size, deploy.cp_size)
     return RankJob(
         model, deploy, tuple(batches), tuple(levels), pages, frozenset(PhaseId), device=device
     )
+
+
+def bytes_batches(batches: Sequence[BatchSpec], min_tokens: int) -> tuple[BatchSpec, ...]:
+    """The trace up to its last batch below ``min_tokens`` (its first when none is): what the
+    bytes half runs. A batch's bytes depend on the batches before it alone, and the pool is
+    sized for the whole trace, so the bytes are those of the whole trace's run; the batches
+    after (the built-in trace's two largest) would only be computed and dropped."""
+    below = [i for i, batch in enumerate(batches) if batch.num_tokens < min_tokens]
+    return tuple(batches[: (below[-1] if below else 0) + 1])
 
 
 def _bytes_row(run: LevelRun, index: int, cp: str) -> CpOffBytes:
@@ -155,14 +167,17 @@ def cp_off_bytes_jobs(
     levels: Sequence[int] = tuple(range(len(PhaseId) + 1)),
     device: str = "cpu",
 ) -> list[RankJob]:
-    """Every level of ``batches`` split, then with ``min_tokens``: two jobs, CP on then off
-    (the bench runs them on its gloo group), on ``one_head(model)`` (they count bytes
-    alone)."""
+    """Every level of ``bytes_batches`` split, then with ``min_tokens``: two jobs, CP on
+    then off (the bench runs them on its gloo group), on ``one_head(model)`` (they count
+    bytes alone)."""
     model = one_head(model)
     deploy = deploy.model_copy(update={"split_gate": SplitGate.SPLIT_ANYWAY})
-    on = _job(model, deploy, batches, levels, device)
+    measured = bytes_batches(batches, min_tokens)
     off_deploy = deploy.model_copy(update={"cp_min_tokens": min_tokens})
-    return [on, _job(model, off_deploy, batches, levels, device)]
+    return [
+        _job(model, job_deploy, measured, levels, device, pages_of=batches)
+        for job_deploy in (deploy, off_deploy)
+    ]
 
 
 def cp_off_bytes_rows(
@@ -173,7 +188,7 @@ def cp_off_bytes_rows(
     on, off = runs
     rows = []
     for run_on, run_off in zip(on, off, strict=True):
-        for i, batch in enumerate(batches):
+        for i, batch in enumerate(bytes_batches(batches, min_tokens)):
             if batch.num_tokens < min_tokens:
                 rows += [_bytes_row(run_on, i, "on"), _bytes_row(run_off, i, "off")]
     return rows
