@@ -49,10 +49,13 @@ def isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def run_sections(sections: list[str], out: Path) -> tuple[dict[str, Any], Result]:
-    """``cpkv bench --only SECTIONS --out OUT --json``: the document (checked against the
-    ``bench.json`` it wrote, and to hold those sections' figures alone) and the result."""
-    result = runner.invoke(app, [*ARGS, "--only", ",".join(sections), "--out", str(out)])
+def run_sections(
+    sections: list[str], out: Path, extra: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], Result]:
+    """``cpkv bench --only SECTIONS --out OUT --json EXTRA``: the document (checked against
+    the ``bench.json`` it wrote, and to hold those sections' figures alone) and the result."""
+    only = ["--only", ",".join(sections), "--out", str(out)]
+    result = runner.invoke(app, [*ARGS, *only, *extra])
     assert result.exit_code == 0, result.output
     doc: dict[str, Any] = json.loads(result.stdout)
     assert json.loads((out / "bench.json").read_text()) == doc
@@ -247,13 +250,15 @@ def test_pd_section_reports_every_level_and_decode_group(tmp_path: Path) -> None
 
 def test_sglang_plugin_section_measures_sglang_s_own_tail_gather(tmp_path: Path) -> None:
     """SGLang's own tail gather at 7,168 x bf16: cp x bs rows with the plugin, every token's
-    row without; skipped only where SGLang's CP path is not installed (never under CI)."""
-    doc, _ = run_sections(["sglang_plugin"], tmp_path)
+    row without; skipped only where SGLang's CP path is not installed (never under CI). On 2
+    ranks, the bench's --cp-size: half the processes of the default 4 to start and patch."""
+    doc, _ = run_sections(["sglang_plugin"], tmp_path, ("--cp-size", "2"))
     figure = doc["sglang_plugin"]
     if importlib.util.find_spec("sglang") is None and os.environ.get("CI") != "true":
         assert figure["skipped"].endswith("section skipped") and figure["rows"] == []
         return
     assert figure["skipped"] == "" and figure["logits_bitwise_equal"] is True
+    assert figure["cp_size"] == 2
     assert [row["bs"] for row in figure["rows"]] == [1, 2, 4, 8, 16, 32, 64]
     row_bytes = figure["hidden"] * 2
     for row in figure["rows"]:

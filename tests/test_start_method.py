@@ -74,3 +74,57 @@ def test_the_main_script_loads_only_in_the_servers_process(
     monkeypatch.setenv(MAIN_PATH_ENV, main_path_entry(12345678, str(script)))
     load_main()  # NOTE: named for another process's server: this one's parent is not it
     assert not runs.exists() and sys.modules["__main__"] is before
+
+
+ADOPT_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import multiprocessing as mp
+    import os
+    from multiprocessing import forkserver
+
+    from cpkv_core.dist import Communicator, spawn_group
+    from cpkv_core.dist.start_method import adopt_fork_server
+
+
+    def rank_parent(comm: Communicator) -> int:
+        return os.getppid()
+
+
+    if __name__ == "__main__":
+        mp.set_forkserver_preload(["torch", "cpkv_core.dist.rank_child", "json"])
+        forkserver.ensure_running()
+        started = forkserver._forkserver._forkserver_pid
+        try:
+            adopt_fork_server(["os"])
+            wrong = ""
+        except RuntimeError as refused:
+            wrong = str(refused)
+        adopt_fork_server(["json"])
+        parents = spawn_group(2, rank_parent, preload=["json"])
+        print(json.dumps({"started": started, "parents": parents, "wrong": wrong}))
+    """
+)
+
+
+@pytest.mark.gloo
+def test_an_adopted_fork_server_forks_the_ranks_and_another_list_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A program that starts its server itself (``cpkv_sglang.cpu.bench``, before it imports
+    torch) has its ranks forked by that server, not by one started again."""
+    script = tmp_path / "adopt.py"
+    script.write_text(ADOPT_SCRIPT)
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, **env},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["parents"] == [seen["started"]] * 2, seen
+    assert "adopting it needs exactly ['torch', 'cpkv_core.dist.rank_child', 'os']" in seen["wrong"]

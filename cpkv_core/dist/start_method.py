@@ -16,7 +16,8 @@ and ``sys.path`` of that moment, so a run that changes them between groups shoul
 it; torch in the server has run no op, so no thread pool is forked. A preload that names
 ``__main__`` has the server run the program's main script once (``forkserver_main``:
 CPython's own ``__main__`` preload does nothing before 3.13.8, so each rank ran the script
-again).
+again). A program may start the server itself, before it imports torch, and hand it over
+(``adopt_fork_server``): its imports and the server's then run side by side.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 from multiprocessing import spawn
 from multiprocessing.context import ForkServerContext, SpawnContext
 
-__all__ = ["forked_ranks", "rank_context"]
+__all__ = ["adopt_fork_server", "forked_ranks", "rank_context"]
 
 _lock = threading.Lock()
 _forking = [0]
@@ -64,6 +65,31 @@ def forked_ranks(preload: Sequence[str] = ()) -> Iterator[None]:
     finally:
         with _lock:
             _forking[0] -= 1
+
+
+def adopt_fork_server(preload: Sequence[str]) -> None:
+    """Takes the fork server this process started itself, with ``multiprocessing``'s own
+    ``set_forkserver_preload`` of torch, this harness and ``preload`` and ``ensure_running``,
+    as the one that holds them: the next ``spawn_group`` forks from it instead of restarting
+    it. A program that starts its server so before it imports torch has the two imports run
+    side by side (``cpkv_sglang.cpu.bench``: SGLang's ~12 s beside its own 3 s).
+
+    Raises:
+        RuntimeError: the server's list is not torch, this harness and ``preload``, or this
+            process already asked for a list (the server it started was not the first).
+    """
+    from multiprocessing import forkserver
+
+    wanted = [*_BASE, *preload]
+    held = list(forkserver._forkserver._preload_modules)  # type: ignore[attr-defined]
+    with _lock:
+        if _preload or held != wanted:
+            raise RuntimeError(
+                f"the fork server to adopt preloads {held}, and this process asked for "
+                f"{_preload or 'nothing'}; adopting it needs exactly {wanted}, asked for "
+                "nothing yet (indicates a bug in the caller)"
+            )
+        _preload.extend(wanted)
 
 
 def rank_context(preload: Sequence[str] = ()) -> SpawnContext | ForkServerContext:

@@ -1,5 +1,5 @@
 """SGLang 0.5.23's CP tail on CPU ranks, for the plugin's tests and ``cpkv bench``; entry
-point :func:`cpkv_sglang.cpu.launch.run_ranks`.
+point :func:`cpkv_sglang.cpu.ranks.run_ranks`.
 
 Each rank is a process forked from a server that imported SGLang once. It publishes its own
 ``ServerArgs`` as a scheduler does, and runs SGLang's own ``is_cp_active``,

@@ -20,23 +20,11 @@ from cpkv_core.dist import Communicator, spawn_group
 from cpkv_sglang.cpu.batches import BatchShape
 from cpkv_sglang.cpu.forward import BatchResult, run_batch
 from cpkv_sglang.cpu.model import TinyCausalLM
+from cpkv_sglang.cpu.preload import PRELOAD
 from cpkv_sglang.cpu.server import publish_rank
 from cpkv_sglang.cpu.standins import install_cuda_stream_standin
 
 __all__ = ["PRELOAD", "TailJob", "TailReport", "run_ranks", "tail_rank", "tail_settings"]
-
-PRELOAD = (
-    "cpkv_sglang.cpu.ranks",
-    "cpkv_sglang.plugin",
-    "cpkv_sglang.tail",
-    "sglang.srt.server_args",
-    "sglang.srt.layers.cp.utils",
-    "sglang.srt.layers.logits_processor",
-    "sglang.srt.model_executor.runner.eager_runner",
-    "sglang.srt.layers.attention.dsa_backend",
-    "sglang.srt.plugins",
-)
-"""What the fork server imports once (SGLang's import takes ~12 s of CPU)."""
 
 
 @dataclass(frozen=True, slots=True)
