@@ -25,8 +25,8 @@ IntArray = npt.NDArray[np.int64]
 
 QUERY_BLOCK_ROWS = 128
 """Most queries the indexer scores in one call. A block of 128 queries against 1,100 keys
-keeps the tiny model's fp64 scores at 4.5 MB; the indexer of a 1,100-token chunk ran 1.9x
-as fast so as in one call on a 2-core EPYC, and chunks of 64-300 tokens alike."""
+keeps the tiny model's fp64 scores at 4.5 MB: a 1,100-token chunk's indexer ran 1.9x as fast
+in blocks as in one call on a 2-core EPYC, chunks of 64-300 tokens about as fast."""
 
 
 @dataclass(frozen=True, slots=True)
