@@ -57,15 +57,26 @@ def test_blocks_see_the_causal_keys_of_their_last_query(
     for rank in range(cp_size):
         tokens = tokens_of_rank(segs, rank)
         lo, hi = (int(i) for i in np.searchsorted(segs.rank, [rank, rank + 1]))
-        for index, first in enumerate(cu_extend[:-1].tolist()):
-            rows = [row for row, g in enumerate(tokens) if first <= g < cu_extend[index + 1]]
-            if not rows:
-                continue
+        rows_of = [
+            [row for row, g in enumerate(tokens) if first <= g < cu_extend[index + 1]]
+            for index, first in enumerate(cu_extend[:-1].tolist())
+        ]
+        attended = [index for index, rows in enumerate(rows_of) if rows]
+        for index in attended:
+            rows = rows_of[index]
             assert rows == list(range(rows[0], rows[-1] + 1)), "a request's rows are a run"
-            positions = [prefix[index] + tokens[row] - first for row in rows]
-            blocks = split_query_blocks(
-                segs, lo, hi, rows[0], rows[-1] + 1, first, prefix[index], block_rows
-            )
+        bounds = (
+            np.asarray([rows_of[i][0] for i in attended], np.int64),
+            np.asarray([rows_of[i][-1] + 1 for i in attended], np.int64),
+        )
+        picked = np.asarray(attended, np.int64)
+        every = split_query_blocks(
+            segs, lo, hi, bounds, cu_extend[picked], np.asarray(prefix)[picked], block_rows
+        )
+        assert len(every) == len(attended)
+        for index, blocks in zip(attended, every, strict=True):
+            first = int(cu_extend[index])
+            positions = [prefix[index] + tokens[row] - first for row in rows_of[index]]
             assert_blocks_fit(blocks, positions, block_rows)
 
 

@@ -252,18 +252,15 @@ def build_host_plan(
     attended_index = np.flatnonzero(row_bounds[1:] > row_bounds[:-1])
     seq = prefix + extend
     key_cu = np.concatenate([[0], np.cumsum(seq[attended_index])]).astype(np.int64)
+    starts, ends = row_bounds[attended_index], row_bounds[attended_index + 1]
+    blocks = split_query_blocks(
+        segs, lo, hi, (starts, ends), cu_extend[attended_index], prefix[attended_index]
+    )
     attended = tuple(
-        AttendedRequest(
-            int(i),
-            int(row_bounds[i]),
-            int(row_bounds[i + 1]),
-            int(k0),
-            int(k1),
-            split_query_blocks(
-                segs, lo, hi, row_bounds[i], row_bounds[i + 1], cu_extend[i], prefix[i]
-            ),
+        AttendedRequest(int(i), int(r0), int(r1), int(k0), int(k1), b)
+        for i, r0, r1, k0, k1, b in zip(
+            attended_index, starts, ends, key_cu[:-1], key_cu[1:], blocks, strict=True
         )
-        for i, k0, k1 in zip(attended_index, key_cu[:-1], key_cu[1:], strict=True)
     )
     read = _read(batch, plan, rank, flat, peer_read, history_view)
     writes = write_runs(batch, plan, rank, runs, segs)

@@ -7,11 +7,13 @@ each block against those keys alone: the causal triangle a whole-chunk call woul
 and mask is not computed, and a block's scores stay small enough to sit in cache. Every
 query's scores and top-k are its own row's, so any cut gives the same bits.
 
-Integer math on the host, from a split's segments: O(blocks log segments), no per-token loop.
+Integer math on the host, from a split's segments, every request of a batch in one numpy
+pass: O(blocks log segments), no loop over tokens or requests but the blocks' objects.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,19 +41,30 @@ class QueryBlock:
     num_keys: int
 
 
-def _blocks(bounds: IntArray, last_positions: IntArray) -> tuple[QueryBlock, ...]:
-    """Blocks between consecutive ``bounds``, each seeing keys up to its last position."""
-    return tuple(
-        QueryBlock(int(start), int(end), int(last) + 1)
-        for start, end, last in zip(bounds[:-1], bounds[1:], last_positions, strict=True)
-    )
-
-
-def _bounds(num_rows: int, block_rows: int) -> IntArray:
-    """``0, block_rows, 2 * block_rows, ..., num_rows``."""
+def _cut(num_rows: IntArray, block_rows: int) -> tuple[IntArray, IntArray, IntArray]:
+    """Every request's rows ``num_rows`` cut into blocks of ``block_rows``, all requests at
+    once: ``(request of each block, its first row, its end)``, rows counted per request."""
     if block_rows < 1:
         raise ValueError(f"a query block holds at least 1 row, got block_rows={block_rows}")
-    return np.append(np.arange(0, num_rows, block_rows, dtype=np.int64), num_rows)
+    per_request = -(-num_rows // block_rows)
+    request = np.repeat(np.arange(len(num_rows), dtype=np.int64), per_request)
+    first_block = np.cumsum(per_request) - per_request
+    start = (np.arange(len(request), dtype=np.int64) - first_block[request]) * block_rows
+    return request, start, np.minimum(start + block_rows, num_rows[request])
+
+
+def _blocks(
+    request: IntArray, start: IntArray, end: IntArray, last_positions: IntArray, requests: int
+) -> list[tuple[QueryBlock, ...]]:
+    """Each request's blocks, each seeing keys up to its last query's position."""
+    made = [
+        QueryBlock(first, stop, last + 1)
+        for first, stop, last in zip(
+            start.tolist(), end.tolist(), last_positions.tolist(), strict=True
+        )
+    ]
+    bounds = np.searchsorted(request, np.arange(requests + 1)).tolist()
+    return [tuple(made[a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 def contiguous_query_blocks(
@@ -59,30 +72,32 @@ def contiguous_query_blocks(
 ) -> tuple[QueryBlock, ...]:
     """The blocks of ``num_rows`` queries at positions ``first_position, +1, ...`` (a
     request's chunk computed whole, as the reference computes it)."""
-    bounds = _bounds(num_rows, block_rows)
-    return _blocks(bounds, first_position + bounds[1:] - 1)
+    request, start, end = _cut(np.asarray([num_rows], np.int64), block_rows)
+    return _blocks(request, start, end, first_position + end - 1, 1)[0]
 
 
 def split_query_blocks(
     segs: SplitSegments,
     lo: int,
     hi: int,
-    row_start: int,
-    row_end: int,
-    first_token: int,
-    prefix_len: int,
+    row_bounds: tuple[IntArray, IntArray],
+    first_tokens: IntArray,
+    prefix_lens: IntArray,
     block_rows: int = QUERY_BLOCK_ROWS,
-) -> tuple[QueryBlock, ...]:
-    """The blocks of one request's local rows ``[row_start, row_end)`` on the rank whose
-    segments are ``lo:hi`` of ``segs``.
+) -> list[tuple[QueryBlock, ...]]:
+    """The blocks of several requests' local rows on the rank whose segments are ``lo:hi``
+    of ``segs``, one numpy pass for them all (a host plan's requests).
 
     Args:
-        first_token: the batch token of the request's first current token.
-        prefix_len: the request's tokens before its chunk (the position of that token).
+        row_bounds: ``(first, end)`` local row of each request, ``[requests]`` each.
+        first_tokens: the batch token of each request's first current token.
+        prefix_lens: each request's tokens before its chunk (that token's position).
     """
-    bounds = _bounds(row_end - row_start, block_rows)
-    last_rows = row_start + bounds[1:] - 1
+    row_start, row_end = row_bounds
+    request, start, end = _cut(row_end - row_start, block_rows)
+    last_rows = row_start[request] + end - 1
     row0, g0, stride = segs.row0[lo:hi], segs.g0[lo:hi], segs.stride[lo:hi]
     seg = np.searchsorted(row0, last_rows, side="right") - 1
     tokens = g0[seg] + stride[seg] * (last_rows - row0[seg])
-    return _blocks(bounds, prefix_len + tokens - first_token)
+    positions = prefix_lens[request] + tokens - first_tokens[request]
+    return _blocks(request, start, end, positions, len(row_start))
