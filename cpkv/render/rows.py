@@ -120,13 +120,25 @@ def _remap_table(report: RowsReport) -> Table:
     return table
 
 
+def _cache(nbytes: int) -> str:
+    return (
+        f"{nbytes >> 20} MiB"
+        if nbytes >= 1 << 20
+        else f"{nbytes >> 10} KiB"
+        if nbytes
+        else "not known"
+    )
+
+
 def render_rows(console: Console, report: RowsReport) -> None:
     """The real-rows figures as tables, then the goal's verdict."""
     console.print(
         f"{report.model}: {report.row_bytes} B a token a layer ({report.kv_cache_dtype}), "
         f"{report.num_layers} layers, rank 0 of each point on {report.device} "
         f"({report.threads} torch threads, {report.allocator} allocator, {report.clock} "
-        f"clock, {report.placements} passes over the grid), {report.seconds:.0f} s"
+        f"clock, {report.placements} passes over the grid), {report.seconds:.0f} s; "
+        f"the copy between two buffers of {report.copy_buffer_bytes >> 20} MiB "
+        f"(last-level cache: {_cache(report.last_level_cache_bytes)})"
     )
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")

@@ -1,13 +1,7 @@
-"""What the real-rows bench measures an op against, and with: the copy ceiling, the page
-faults of a call, the peak of the temporaries one call allocates, and a CPU allocator that
-holds what it is handed back (``rounds`` times the rounds).
+"""What the real-rows bench measures an op with: the page faults of a call, the peak of the
+temporaries one call allocates, and a CPU allocator that holds what it is handed back
+(``ceiling`` is what an op is measured against, ``rounds`` times the rounds).
 
-- **Copy ceiling.** ``CopyCeiling.copy(n)`` copies ``n`` bytes between two contiguous
-  64 MiB buffers on the op's device (more than a server CPU's last-level cache), in pieces
-  of at most 64 MiB: past the caches, the rate no longer depends on the piece size. A copy
-  smaller than the caches would run from them, while the op reads a pool far larger than
-  they are; so each copy takes the next span of the buffers, memory the copies just before
-  did not touch.
 - **Scratch.** On CUDA, the caching allocator's peak over one call; on the CPU, the
   profiler's record of every allocation and free during one call, summed in order.
 - **The CPU allocator.** A device's caching allocator hands a freed block to the next
@@ -45,7 +39,6 @@ import torch
 
 __all__ = [
     "Clock",
-    "CopyCeiling",
     "faulted",
     "minor_faults",
     "peak_scratch",
@@ -53,8 +46,6 @@ __all__ = [
     "sync",
 ]
 
-CEILING_PIECE_BYTES = 64 << 20
-"""Largest single copy of the ceiling, and the size of each of its two buffers."""
 FAULT_SHARE = 0.02
 """A warm call faults in at most this share of the bytes it writes."""
 PAGE_BYTES = 4096
@@ -75,30 +66,6 @@ def sync(device: torch.device) -> None:
     """Waits for the device's queued work (CUDA); no-op on the CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class CopyCeiling:
-    """Contiguous copies of any byte count on one device, from memory (module docstring)."""
-
-    def __init__(self, device: torch.device, piece_bytes: int = CEILING_PIECE_BYTES) -> None:
-        """Allocates both buffers at once, before any op, so they never split the memory an
-        op frees and takes again; both are written, so no copy faults its pages in."""
-        self.piece_bytes = max(piece_bytes, 1)
-        self.src = torch.randint(0, 256, (self.piece_bytes,), dtype=torch.uint8, device=device)
-        self.dst = torch.zeros_like(self.src)
-        self.cursor = 0
-
-    def copy(self, nbytes: int) -> None:
-        """Copies ``nbytes`` bytes from one buffer to the other, each piece from the next span
-        of the buffers, so what it touches was not touched by the copies just before."""
-        size = min(nbytes, self.piece_bytes)
-        for start in range(0, nbytes, size):
-            n = min(size, nbytes - start)
-            if self.cursor + n > self.src.numel():
-                self.cursor = 0
-            span = slice(self.cursor, self.cursor + n)
-            self.dst[span].copy_(self.src[span])
-            self.cursor += n
 
 
 Clock = Callable[[], float]

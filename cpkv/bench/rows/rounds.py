@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 import torch
 
-from cpkv.bench.rows.measure import Clock, CopyCeiling, faulted, minor_faults, sync
+from cpkv.bench.rows.ceiling import CopyCeiling
+from cpkv.bench.rows.measure import Clock, faulted, minor_faults, sync
 from cpkv.bench.rows.timing import Timing
 
 __all__ = [

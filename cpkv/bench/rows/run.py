@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
+from cpkv.bench.rows.ceiling import CopyCeiling, copy_buffer_bytes, last_level_cache_bytes
 from cpkv.bench.rows.figures import RowsEntry, projection, slot_vs_unique
 from cpkv.bench.rows.group import RankAlone
-from cpkv.bench.rows.measure import Clock, CopyCeiling, peak_scratch, reusing_allocator
+from cpkv.bench.rows.measure import Clock, peak_scratch, reusing_allocator
 from cpkv.bench.rows.ops import RowOp, chunk_ops, replicated_ops, sharded_ops
 from cpkv.bench.rows.rounds import op_clock, time_op
 from cpkv.bench.rows.setup import RANK, PointSetup, RowFormat, RowsGrid, RowsPoint, row_format
@@ -148,6 +149,10 @@ class RowsReport:
     warnings: list[str]
     placements: int = 1
     """Passes over the grid whose rounds each entry pools."""
+    copy_buffer_bytes: int = 0
+    """Each of the copy ceiling's two buffers (``ceiling.copy_buffer_bytes``)."""
+    last_level_cache_bytes: int = 0
+    """The device's last-level cache the ceiling's buffers exceed (0: not known)."""
 
     @property
     def below_goal(self) -> list[RowsEntry]:
@@ -172,6 +177,8 @@ class RowsReport:
                 "torch_threads": self.threads,
                 "clock": self.clock,
                 "placements": self.placements,
+                "copy_buffer_bytes": self.copy_buffer_bytes,
+                "last_level_cache_bytes": self.last_level_cache_bytes or None,
                 "seconds": self.seconds,
                 "goal_ratio_to_copy": GOAL_RATIO,
                 "noisy_spread": NOISY_SPREAD,
@@ -219,7 +226,8 @@ def run_rows_bench(
     began = time.perf_counter()
     fmt = row_format(model, kv_dtype)
     run_device = torch.device(device)
-    ceiling = CopyCeiling(run_device)
+    cache_bytes = last_level_cache_bytes(run_device)
+    ceiling = CopyCeiling(run_device, buffer_bytes=copy_buffer_bytes(cache_bytes))
     clock_name, clock = op_clock(run_device)
     passes: list[list[RowsEntry]] = []
     with reusing_allocator(run_device) as allocator:
@@ -254,4 +262,6 @@ def run_rows_bench(
         entries=pooled_passes(passes),
         warnings=notes,
         placements=placements,
+        copy_buffer_bytes=ceiling.buffer_bytes,
+        last_level_cache_bytes=cache_bytes,
     )
