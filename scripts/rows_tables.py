@@ -110,13 +110,18 @@ def summary(doc: dict[str, Any], name: str) -> str:
     at = [e for e in doc["real_rows"] if e["history"] == longest]
     low = min(at, key=lambda e: e["ratio_to_copy"])
     reach = sum(e["ratio_to_copy"] >= setup["goal_ratio_to_copy"] for e in at)
+    large = [e["bytes"] / e["copy_seconds"] / 1e9 for e in doc["real_rows"] if e["bytes"] > 50e6]
+    buffers = setup.get("copy_buffer_bytes")  # NOTE: absent from runs before the ceiling's sizing
+    ceiling = f"{buffers >> 20} MiB buffers, " if buffers else ""
+    copy = f"{statistics.median(large):.2f} GB/s" if large else "no op above 50 MB"
     return (
         f"{name}: {setup['seconds']:.0f} s in the grid, {setup['torch_threads']} thread(s), "
         f"{setup['clock']} clock; {reach} of {len(at)} at {longest} reach "
         f"{setup['goal_ratio_to_copy']}; lowest {low['op']}/{low['variant']} bs {low['bs']} "
         f"cp {low['cp_size']}{' shared' if low['shared_prefix'] else ''}: "
         f"{low['ratio_to_copy']:.2f} ({low['ratio_low']:.2f}-{low['ratio_high']:.2f}); "
-        f"noisy {setup['noisy']} of {len(doc['real_rows'])} entries"
+        f"noisy {setup['noisy']} of {len(doc['real_rows'])} entries; the copy ({ceiling}"
+        f"median over the ops above 50 MB): {copy}"
     )
 
 
