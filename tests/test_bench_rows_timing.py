@@ -6,6 +6,8 @@ stand-in events on the CPU (no GPU here), to show what it queues and when it wai
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from rich.console import Console
@@ -15,7 +17,7 @@ from cpkv.bench.rows.figures import RowsEntry
 from cpkv.bench.rows.run import GOAL_RATIO, RowsReport, pooled_passes
 from cpkv.bench.rows.setup import RowsGrid
 from cpkv.bench.rows.timing import CLOCK_FLOOR_S, NOISY_SPREAD, Timing
-from cpkv.render.rows import _ops_table
+from cpkv.render.rows import _heading, _ops_table
 
 GRID = RowsGrid("hand", (1024, 4096), 2048, (1,), (2,))
 
@@ -130,6 +132,23 @@ def test_the_text_table_prints_the_spread_beside_the_ratio() -> None:
     console.print(_ops_table(report([entry("a", 4096, SLOW_MEDIAN)]), 4096))
     text = console.export_text()
     assert "spread" in text and "0.40" in text and "0.33-1.00 noisy" in text
+
+
+@pytest.mark.parametrize(
+    ("buffers", "cache", "said"),
+    [
+        (480 << 20, 480 << 20, "two buffers of 480 MiB (last-level cache: 480 MiB)"),
+        (64 << 20, 32 << 20, "two buffers of 64 MiB (last-level cache: 32 MiB)"),
+        (64 << 20, 0, "two buffers of 64 MiB (last-level cache: not known)"),
+    ],
+)
+def test_the_heading_says_what_the_copy_runs_past(buffers: int, cache: int, said: str) -> None:
+    hand = dataclasses.replace(
+        report([entry("a", 4096, SLOW_MEDIAN)]),
+        copy_buffer_bytes=buffers,
+        last_level_cache_bytes=cache,
+    )
+    assert said in _heading(hand)
 
 
 class StandInEvent:

@@ -121,18 +121,15 @@ def _remap_table(report: RowsReport) -> Table:
 
 
 def _cache(nbytes: int) -> str:
+    """A cache's size for the heading line; 0 is a cache the bench could not find."""
+    if nbytes >= 1 << 20:
+        return f"{nbytes >> 20} MiB"
+    return f"{nbytes >> 10} KiB" if nbytes else "not known"
+
+
+def _heading(report: RowsReport) -> str:
+    """What ran, on what, and what the copy runs past."""
     return (
-        f"{nbytes >> 20} MiB"
-        if nbytes >= 1 << 20
-        else f"{nbytes >> 10} KiB"
-        if nbytes
-        else "not known"
-    )
-
-
-def render_rows(console: Console, report: RowsReport) -> None:
-    """The real-rows figures as tables, then the goal's verdict."""
-    console.print(
         f"{report.model}: {report.row_bytes} B a token a layer ({report.kv_cache_dtype}), "
         f"{report.num_layers} layers, rank 0 of each point on {report.device} "
         f"({report.threads} torch threads, {report.allocator} allocator, {report.clock} "
@@ -140,6 +137,11 @@ def render_rows(console: Console, report: RowsReport) -> None:
         f"the copy between two buffers of {report.copy_buffer_bytes >> 20} MiB "
         f"(last-level cache: {_cache(report.last_level_cache_bytes)})"
     )
+
+
+def render_rows(console: Console, report: RowsReport) -> None:
+    """The real-rows figures as tables, then the goal's verdict."""
+    console.print(_heading(report))
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
     longest = max(report.grid.histories)
