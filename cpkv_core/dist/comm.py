@@ -262,6 +262,15 @@ def init_process_group(
     """Initialises the default process group (``file://`` or ``tcp://`` ``init_method``).
 
     ``timeout_s`` bounds the rendezvous and every later collective of the group.
+
+    Returns once every rank of the group has connected to every other: gloo's
+    ``init_process_group`` can return on a rank whose side of the mesh is up while a peer
+    is still finishing its own, and a rank that then ran a body without a collective and
+    exited closed the socket under that peer ("Gloo connectFullMesh failed ... Connection
+    closed by peer", about 1 group in 10 of 3 and 2 ranks on 2 idle cores;
+    ``tests/test_rendezvous.py``).
+    The barrier holds every rank until the slowest has finished (on NCCL on the device
+    the caller set, as NCCL asks).
     """
     dist.init_process_group(
         backend=backend,
@@ -270,6 +279,10 @@ def init_process_group(
         world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    if backend == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
 
 
 def destroy_process_group() -> None:
