@@ -3,14 +3,17 @@
 gloo's ``init_process_group`` could return on a rank whose side of the mesh was up while a
 peer was still finishing its own. A rank whose body ran no collective then reported, exited
 and closed the socket under that peer: "Gloo connectFullMesh failed ... Connection closed by
-peer". Without the barrier, groups of 3 and 2 ranks whose body returns at once failed within
-2 to 18 groups in each of three idle runs on 2 cores (and in 1 of 12 runs of
-``test_start_method.py`` next to ``yes``); with it, 160 groups in a row passed next to
-``yes``.
+peer". It takes a rank that waits for a core in the middle of its handshake: without the
+barrier, on 2 cores, no group failed in 180 with the cores idle, while with other processes
+spinning groups of 3 and 2 ranks failed within 2 to 18 groups, and the real test below
+failed 8 runs of 8 next to two spinners (4 of 5 at 32 groups, 3 of 6 next to four). With
+the barrier, 160 groups in a row passed next to five spinners.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -18,9 +21,24 @@ import torch.distributed as dist
 
 from cpkv_core.dist import Communicator, comm, spawn_group
 
-GROUPS = 16
-"""Rounds of a 3-rank and a 2-rank group in the real test: without the barrier, 32 groups
-held a failure at about 9 chances in 10 by the idle rate above."""
+GROUPS = 24
+"""Rounds of a 3-rank and a 2-rank group in the real test (48 groups, about 9 s)."""
+SPINNERS = 2
+"""Processes that keep the cores busy while the groups start: the race needs a rank that
+waits for a core in the middle of its handshake (none failed in 180 groups on idle cores)."""
+
+
+@pytest.fixture
+def busy_cores() -> Iterator[None]:
+    """``SPINNERS`` processes spinning on the CPU, stopped after the test."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    spinners = [subprocess.Popen(spin) for _ in range(SPINNERS)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def rank_of(group: Communicator) -> int:
@@ -29,7 +47,9 @@ def rank_of(group: Communicator) -> int:
 
 
 @pytest.mark.gloo
-def test_ranks_that_return_at_once_never_close_a_peers_rendezvous(forked: Iterator[None]) -> None:
+def test_ranks_that_return_at_once_never_close_a_peers_rendezvous(
+    forked: Iterator[None], busy_cores: Iterator[None]
+) -> None:
     for _ in range(GROUPS):
         assert spawn_group(3, rank_of, timeout_s=60.0) == [0, 1, 2]
         assert spawn_group(2, rank_of, timeout_s=60.0) == [0, 1]

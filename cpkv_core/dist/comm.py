@@ -267,8 +267,8 @@ def init_process_group(
     ``init_process_group`` can return on a rank whose side of the mesh is up while a peer
     is still finishing its own, and a rank that then ran a body without a collective and
     exited closed the socket under that peer ("Gloo connectFullMesh failed ... Connection
-    closed by peer", about 1 group in 10 of 3 and 2 ranks on 2 idle cores;
-    ``tests/test_rendezvous.py``).
+    closed by peer", within 2 to 18 groups of 3 and 2 ranks on 2 cores other processes
+    kept busy; ``tests/test_rendezvous.py``).
     The barrier holds every rank until the slowest has finished (on NCCL on the device
     the caller set, as NCCL asks).
     """
