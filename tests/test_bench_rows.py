@@ -119,7 +119,8 @@ def test_every_figure_moves_the_bytes_counted_by_hand(tiny_bf16: Any) -> None:
 
 def test_the_run_copies_past_this_machines_last_level_cache(tiny_bf16: Any) -> None:
     """The bench's ceiling on this machine: both figures in the JSON, and every buffer
-    past the cache sysfs reports (a 64 MiB pair ran from a 480 MiB L3 at 1.55x the rate)."""
+    past the cache sysfs reports (a 64 MiB pair ran from a shared 480 MiB L3 at times, at
+    1.55x the memory rate)."""
     setup = tiny_bf16["real_rows_setup"]
     cache = rows_ceiling.last_level_cache_bytes(torch.device("cpu"))
     assert setup["last_level_cache_bytes"] == (cache or None)

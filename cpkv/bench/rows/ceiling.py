@@ -8,10 +8,11 @@ each copy takes the next span of the buffers, memory the copies just before did 
 
 That holds only while the buffers are larger than the last-level cache: each buffer is
 ``max(64 MiB, last-level cache)`` (``copy_buffer_bytes``). A 64 MiB pair was past the 32 MiB
-L3 of the VMs the bench first ran on, and inside the 480 MiB L3 of a later one, where the
-ceiling's copy of 170-652 MiB ran at 11.2-11.6 GB/s from the cache against 7.3-7.4 GB/s
-with buffers of 480 MiB and more (the same rate at 512, 768 and 1,024 MiB): every ratio read
-about two thirds of what it was.
+L3 of the VMs the bench first ran on, and at times inside the 480 MiB L3 of a later one
+(shared with the host's other guests): the ceiling's copy of 170-652 MiB ran at 11.2-11.6
+GB/s from the cache against 7.3-7.4 GB/s with buffers of 480 MiB and more (the same rate at
+512, 768 and 1,024 MiB), and the large ops read about two thirds of their ratios. An hour
+later the pair ran at the larger buffers' rate: the figure had hung on the neighbours.
 
 - **The CPU's last-level cache** is the largest data or unified cache of the highest level
   that a CPU this process may run on reports in sysfs
