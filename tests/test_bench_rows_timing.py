@@ -137,9 +137,9 @@ def test_the_text_table_prints_the_spread_beside_the_ratio() -> None:
 @pytest.mark.parametrize(
     ("buffers", "cache", "said"),
     [
-        (480 << 20, 480 << 20, "two buffers of 480 MiB (last-level cache: 480 MiB)"),
-        (64 << 20, 32 << 20, "two buffers of 64 MiB (last-level cache: 32 MiB)"),
-        (64 << 20, 0, "two buffers of 64 MiB (last-level cache: not known)"),
+        (480 << 20, 480 << 20, "two buffers of 480.0 MiB (last-level cache: 480.0 MiB)"),
+        (64 << 20, 32 << 20, "two buffers of 64.0 MiB (last-level cache: 32.0 MiB)"),
+        (64 << 20, 0, "two buffers of 64.0 MiB (last-level cache: not known)"),
     ],
 )
 def test_the_heading_says_what_the_copy_runs_past(buffers: int, cache: int, said: str) -> None:

@@ -11,6 +11,7 @@ from rich.table import Table
 from cpkv.bench.rows import GOAL_RATIO, RowsReport
 from cpkv.bench.rows.figures import RowsEntry, projection, slot_vs_unique
 from cpkv.bench.rows.timing import NOISY_SPREAD
+from cpkv.render.cells import human_bytes
 
 __all__ = ["render_rows"]
 
@@ -120,22 +121,16 @@ def _remap_table(report: RowsReport) -> Table:
     return table
 
 
-def _cache(nbytes: int) -> str:
-    """A cache's size for the heading line; 0 is a cache the bench could not find."""
-    if nbytes >= 1 << 20:
-        return f"{nbytes >> 20} MiB"
-    return f"{nbytes >> 10} KiB" if nbytes else "not known"
-
-
 def _heading(report: RowsReport) -> str:
     """What ran, on what, and what the copy runs past."""
+    cache = report.last_level_cache_bytes
     return (
         f"{report.model}: {report.row_bytes} B a token a layer ({report.kv_cache_dtype}), "
         f"{report.num_layers} layers, rank 0 of each point on {report.device} "
         f"({report.threads} torch threads, {report.allocator} allocator, {report.clock} "
         f"clock, {report.placements} passes over the grid), {report.seconds:.0f} s; "
-        f"the copy between two buffers of {report.copy_buffer_bytes >> 20} MiB "
-        f"(last-level cache: {_cache(report.last_level_cache_bytes)})"
+        f"the copy between two buffers of {human_bytes(report.copy_buffer_bytes)} "
+        f"(last-level cache: {human_bytes(cache) if cache else 'not known'})"
     )
 
 
