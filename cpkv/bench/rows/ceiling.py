@@ -92,16 +92,11 @@ class CopyCeiling:
     """Contiguous copies of any byte count on one device, from memory (module docstring)."""
 
     def __init__(
-        self,
-        device: torch.device,
-        piece_bytes: int = CEILING_PIECE_BYTES,
-        buffer_bytes: int | None = None,
+        self, device: torch.device, *, buffer_bytes: int, piece_bytes: int = CEILING_PIECE_BYTES
     ) -> None:
-        """Allocates both buffers at once, before any op, so they never split the memory an
-        op frees and takes again; both are written, so no copy faults its pages in.
-        ``buffer_bytes`` defaults to ``copy_buffer_bytes`` of the device's last-level cache."""
-        if buffer_bytes is None:
-            buffer_bytes = copy_buffer_bytes(last_level_cache_bytes(device), piece_bytes)
+        """Allocates both buffers of ``buffer_bytes`` (``copy_buffer_bytes`` of the device's
+        cache, at least a piece) at once, before any op, so they never split the memory an
+        op frees and takes again; both are written, so no copy faults its pages in."""
         self.piece_bytes = max(piece_bytes, 1)
         self.buffer_bytes = max(buffer_bytes, self.piece_bytes)
         self.src = torch.empty(self.buffer_bytes, dtype=torch.uint8, device=device)
