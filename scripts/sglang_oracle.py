@@ -216,8 +216,14 @@ def main() -> int:
     parser.add_argument("commands", type=Path)
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
-    commands, out_path = args.commands.resolve(), args.out.resolve()
     hf_home = Path(tempfile.mkdtemp(prefix="sglang-oracle-hf-"))
+    try:
+        return _oracle(args.commands.resolve(), args.out.resolve(), hf_home)
+    finally:
+        shutil.rmtree(hf_home, ignore_errors=True)
+
+
+def _oracle(commands: Path, out_path: Path, hf_home: Path) -> int:
     _hf_cache(hf_home)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_HOME"] = str(hf_home)

@@ -8,10 +8,12 @@ finds cpkv through its entry point.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
 import random
+import shutil
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -79,7 +81,9 @@ INNER_GATHER = frozenset({"interleave-2", "zigzag-3"})
 
 
 DECISION_LOGS = Path(tempfile.mkdtemp(prefix="cpkv-decision-logs-"))
-"""Where each plugin job's ranks keep their decision logs (``CPKV_DECISION_LOG``)."""
+"""Where each plugin job's ranks keep their decision logs (``CPKV_DECISION_LOG``); removed
+when the test process exits."""
+atexit.register(shutil.rmtree, DECISION_LOGS, ignore_errors=True)
 
 
 def decision_log(name: str, rank: int) -> Path:

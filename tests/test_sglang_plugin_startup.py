@@ -5,14 +5,18 @@ resolve, a wrapper that did not land and bad settings each stop the start, loudl
 
 from __future__ import annotations
 
+import tempfile
 from functools import cache
+from pathlib import Path
 
 import pytest
 
 from cpkv_sglang.cpu import refusals
+from cpkv_sglang.cpu.batches import BatchShape
+from cpkv_sglang.cpu.ranks import TailJob, run_ranks
 from cpkv_sglang.cpu.refusals import RefusalReport
 from cpkv_sglang.targets import HOOKS, HookGroup
-from tests.sglang_cases import reports, same_bits
+from tests.sglang_cases import NARROW, reports, same_bits
 
 pytestmark = [pytest.mark.gloo, pytest.mark.xdist_group("sglang")]
 
@@ -93,3 +97,18 @@ def test_bad_settings_list_every_problem_with_its_fix() -> None:
     assert "phase 4 is enabled (env:CPKV_ENABLE_NSA_PREFILL_CP_PAGE_ALIGNED_SPLIT)" in message
     assert "turn it off (cpkv disable 4)" in message
     assert "launch SGLang with --enable-kv-cache-sharding" in message
+
+
+def _temp_entries() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).iterdir())
+
+
+def test_rank_processes_leave_no_files_in_the_temp_folder() -> None:
+    """A rank process exits without ``atexit``: its config file and model folder must go with
+    the body, on a run and on a refused start alike."""
+    before = _temp_entries()
+    job = TailJob("interleave", (BatchShape((9, 4), (0, 0)),), plugin=True, settings=NARROW)
+    assert len(run_ranks(2, job)) == 2
+    assert refusals.run_scenario("bad-settings").stage == "publish"
+    left = sorted(p.name for p in _temp_entries() - before if p.name.startswith("cpkv-"))
+    assert left == []

@@ -52,11 +52,15 @@ def _clean_env() -> dict[str, str]:
     return env | {"PYTHONPATH": str(ROOT)}
 
 
-def _agent(node: int, port: int) -> subprocess.Popen[str]:
+def _agent(node: int, port: int, log_dir: Path) -> subprocess.Popen[str]:
+    """One torchrun agent; its logs go to ``log_dir`` (else it leaves a ``torchelastic_*``
+    folder in the temp folder)."""
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--log-dir",
+        str(log_dir / f"node{node}"),
         "--nnodes",
         "2",
         "--nproc-per-node",
@@ -95,9 +99,9 @@ def _agent(node: int, port: int) -> subprocess.Popen[str]:
 
 
 @pytest.mark.gloo
-def test_two_torchrun_agents_on_loopback_verify_every_level() -> None:
+def test_two_torchrun_agents_on_loopback_verify_every_level(tmp_path: Path) -> None:
     port = _free_port()
-    agents = [_agent(node, port) for node in (0, 1)]
+    agents = [_agent(node, port, tmp_path) for node in (0, 1)]
     outputs: list[tuple[int, str, str]] = []
     try:
         for agent in agents:

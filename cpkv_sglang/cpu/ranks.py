@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -71,18 +72,24 @@ class _Lines(logging.Handler):
 
 
 def tail_rank(comm: Communicator, job: TailJob) -> TailReport:
-    """The rank body (see the module docstring)."""
+    """The rank body (see the module docstring). Its config file and model folder live in a
+    folder of its own, removed when the body returns (a rank process skips ``atexit``)."""
+    with tempfile.TemporaryDirectory(prefix="cpkv-sglang-rank-") as scratch:
+        return _run_job(comm, job, Path(scratch))
+
+
+def _run_job(comm: Communicator, job: TailJob, scratch: Path) -> TailReport:
     install_cuda_stream_standin()
     lines = _Lines()
     for name in ("cpkv_sglang", "sglang.srt.plugins"):
         logging.getLogger(name).addHandler(lines)
         logging.getLogger(name).setLevel(logging.INFO)
-    tail_settings(job.settings)
+    tail_settings(job.settings, scratch)
     if job.plugin:
         from sglang.srt.plugins import load_plugins
 
         load_plugins()
-    server_args, group = publish_rank(comm, job.strategy)
+    server_args, group = publish_rank(comm, job.strategy, scratch)
     model = TinyCausalLM(
         server_args._model_config.hf_config,
         job.hidden,
@@ -98,13 +105,14 @@ def tail_rank(comm: Communicator, job: TailJob) -> TailReport:
     return TailReport(comm.rank, results, tuple(lines.lines), _totals())
 
 
-def tail_settings(settings: tuple[tuple[str, str], ...]) -> None:
-    """cpkv's settings only from ``settings``: an empty config file, no other ``CPKV_*``."""
+def tail_settings(settings: tuple[tuple[str, str], ...], scratch: Path) -> None:
+    """cpkv's settings only from ``settings``: an empty config file in ``scratch``, no other
+    ``CPKV_*``."""
     for name in [n for n in os.environ if n.startswith("CPKV_")]:
         del os.environ[name]
-    handle, path = tempfile.mkstemp(prefix="cpkv-sglang-", suffix=".toml")
-    os.close(handle)
-    os.environ["CPKV_CONFIG"] = path
+    config = scratch / "cpkv.toml"
+    config.write_text("")
+    os.environ["CPKV_CONFIG"] = str(config)
     os.environ["SGLANG_PLUGINS"] = "cpkv"
     os.environ.update(dict(settings))
 

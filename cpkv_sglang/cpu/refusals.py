@@ -5,7 +5,9 @@ reports where the start stopped and with what."""
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -70,7 +72,12 @@ def _break_after(scenario: str) -> None:
 
 def refusal_rank(comm: Communicator, scenario: str) -> RefusalReport:
     """Loads plugins and publishes with ``scenario`` broken (phase 1 on), then decides one
-    CP batch; reports where it stopped."""
+    CP batch; reports where it stopped. Its files live in a folder removed on return."""
+    with tempfile.TemporaryDirectory(prefix="cpkv-sglang-rank-") as scratch:
+        return _start(comm, scenario, Path(scratch))
+
+
+def _start(comm: Communicator, scenario: str, scratch: Path) -> RefusalReport:
     install_cuda_stream_standin()
     logging.getLogger("cpkv_sglang").setLevel(logging.INFO)
     settings = [("CPKV_ENABLE_NSA_PREFILL_CP_NARROW_OUTPUT", "1")]
@@ -80,7 +87,7 @@ def refusal_rank(comm: Communicator, scenario: str) -> RefusalReport:
             ("CPKV_ENABLE_NSA_PREFILL_CP_SHARED_KV", "1"),
             ("CPKV_ENABLE_NSA_PREFILL_CP_PAGE_ALIGNED_SPLIT", "1"),
         ]
-    tail_settings(tuple(settings))
+    tail_settings(tuple(settings), scratch)
     _break_before(scenario)
     stage = "load_plugins"
     try:
@@ -89,7 +96,7 @@ def refusal_rank(comm: Communicator, scenario: str) -> RefusalReport:
         load_plugins()
         _break_after(scenario)
         stage = "publish"
-        publish_rank(comm, "interleave")
+        publish_rank(comm, "interleave", scratch)
         stage = "first gate call"
         from sglang.srt.layers.cp import utils as cp_utils
 

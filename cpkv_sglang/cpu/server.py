@@ -11,7 +11,6 @@ architecture. Then its attention-CP group becomes a :class:`~cpkv_sglang.cpu.gro
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +62,10 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
 fields are read."""
 
 
-def publish_rank(comm: Communicator, strategy: str) -> tuple[Any, CommGroup]:
+def publish_rank(comm: Communicator, strategy: str, scratch: Path) -> tuple[Any, CommGroup]:
     """Publishes this rank's ``ServerArgs`` (role ``scheduler``, ``tp = attn_cp =`` the
-    group's size) and installs its attention-CP group.
+    group's size) and installs its attention-CP group. The model's ``config.json`` is
+    written to ``scratch/model``.
 
     Returns:
         The published ``ServerArgs`` and the rank's group.
@@ -84,7 +84,8 @@ def publish_rank(comm: Communicator, strategy: str) -> tuple[Any, CommGroup]:
         attn_cp_size=cp_size,
         skip_tokenizer_init=True,
     )
-    folder = Path(tempfile.mkdtemp(prefix="cpkv-sglang-model-"))
+    folder = scratch / "model"
+    folder.mkdir()
     (folder / "config.json").write_text(json.dumps(MODEL_CONFIGS[strategy]))
     server_args._model_config = ModelConfig(model_path=str(folder))
     rc.publish(server_args, role="scheduler", ranks=rc.SpawnRanks(world_rank=comm.rank))
