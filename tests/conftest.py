@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from cpkv.commands.shared import RANK_MODULES
 from cpkv_core.config import CpMode, DeploymentConfig, IndexKDtype, SplitGate, model_preset
 from cpkv_core.dist import forked_ranks
+from cpkv_core.pd.transport import LOG_DIR_ENV
 from cpkv_core.planning import BatchSpec, RequestSpec
 from cpkv_core.traces.trace import Trace, load_trace
 
@@ -20,6 +22,19 @@ DATA = Path(__file__).parent / "data"
 MIXED_TRACE = DATA / "mixed.jsonl"
 """Chunked prefill resuming mid-page, prefix hits, requests shorter than 2*cp_size,
 single-token extends, and a one-token batch that leaves most ranks empty."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def transfer_logs_in_pytests_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every transfer engine's native log goes to this session's pytest temp folder (kept
+    for the last three runs), not one ``cpkv-transfer-<pid>.log`` per process into the
+    system temp folder. Set before any test starts a rank server, whose ranks inherit it."""
+    if LOG_DIR_ENV in os.environ:
+        yield
+        return
+    os.environ[LOG_DIR_ENV] = str(tmp_path_factory.mktemp("transfer-logs"))
+    yield
+    del os.environ[LOG_DIR_ENV]
 
 
 def make_deploy(
