@@ -6,6 +6,7 @@ resolve, a wrapper that did not land and bad settings each stop the start, loudl
 from __future__ import annotations
 
 import tempfile
+import time
 from functools import cache
 from pathlib import Path
 
@@ -99,16 +100,27 @@ def test_bad_settings_list_every_problem_with_its_fix() -> None:
     assert "launch SGLang with --enable-kv-cache-sharding" in message
 
 
-def _temp_entries() -> set[Path]:
-    return set(Path(tempfile.gettempdir()).iterdir())
+LEFT_BEHIND_WAIT_S = 60.0
+"""How long an entry may stay after the job: a rank of a job running beside this one (the
+other test worker) holds its folder until that job ends; a leak never lets it go."""
+
+
+def _rank_entries() -> set[Path]:
+    return {p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith("cpkv-sglang-")}
+
+
+def _left_behind(before: set[Path]) -> list[str]:
+    deadline = time.monotonic() + LEFT_BEHIND_WAIT_S
+    while (left := _rank_entries() - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return sorted(p.name for p in left)
 
 
 def test_rank_processes_leave_no_files_in_the_temp_folder() -> None:
     """A rank process exits without ``atexit``: its config file and model folder must go with
     the body, on a run and on a refused start alike."""
-    before = _temp_entries()
+    before = _rank_entries()
     job = TailJob("interleave", (BatchShape((9, 4), (0, 0)),), plugin=True, settings=NARROW)
     assert len(run_ranks(2, job)) == 2
     assert refusals.run_scenario("bad-settings").stage == "publish"
-    left = sorted(p.name for p in _temp_entries() - before if p.name.startswith("cpkv-"))
-    assert left == []
+    assert _left_behind(before) == []
