@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,6 +156,21 @@ def test_ceiling_is_a_kill_switch() -> None:
     plan = Gate(frozenset({PhaseId.NARROW_OUTPUT}), DEPLOY, ceiling=0).decide(make_batch())
     assert plan.phase == 0
     assert texts(plan.decisions[0].reasons) == ("CEILING max_phase=0",)
+
+
+@pytest.mark.parametrize("ceiling", [1, 2, 3, 4, 5])
+def test_a_ceiling_keeps_its_own_phase_and_stops_the_next(ceiling: int) -> None:
+    """``--max-phase N`` runs phase N on a batch every phase takes, and names the ceiling on
+    the phases above N only (a 64-token request spans 16 pages: no phase refuses it)."""
+    gate = Gate(frozenset(PhaseId), DEPLOY, ceiling=ceiling)
+    scheduler = Scheduler(256, DEPLOY.page_size, DEPLOY.cp_size)
+    batch = scheduler.schedule(BatchSpec(0, (RequestSpec("a", 0, 64),)), gate.owner_policy())
+    plan = gate.decide(batch)
+    assert plan.phase == ceiling
+    for decision in plan.decisions:
+        capped = any(r.code is ReasonCode.CEILING for r in decision.reasons)
+        assert decision.active == (decision.phase <= ceiling), decision
+        assert capped == (decision.phase > ceiling), decision
 
 
 def test_a_tripped_kill_switch_acts_on_the_next_batch() -> None:

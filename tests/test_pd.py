@@ -69,6 +69,13 @@ def test_overlapping_pieces_do_not_tile_the_slab() -> None:
     assert tiling_error([Piece(0, (0, 1)), Piece(8, (2,))], 12, 12, 4, 1) == ""
 
 
+def test_a_piece_that_reaches_past_the_slab_does_not_tile_it() -> None:
+    """Positions 0 and 1-2 without overlap, but the second piece starts 4 bytes late and
+    so ends past the 12-byte slab (page 4, 1 byte a token)."""
+    assert "leave the slab" in tiling_error([Piece(0, (0,)), Piece(8, (1, 2))], 12, 12, 4, 1)
+    assert tiling_error([Piece(0, (0,)), Piece(4, (1, 2))], 12, 12, 4, 1) == ""
+
+
 @pytest.mark.gloo
 @pytest.mark.usefixtures("forked")
 def test_decode_rebuilds_every_level_byte_for_byte() -> None:

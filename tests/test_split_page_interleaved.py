@@ -203,6 +203,11 @@ def test_balance_rule_falls_back_on_an_idle_rank_and_beyond_the_bound() -> None:
     bound = PAGE_INTERLEAVE_MAX_IMBALANCE
     assert page_interleave_fits(RankLoad((10, 10, 10, 10), (100, 100, 100, 100)))
     assert not page_interleave_fits(RankLoad((10, 10, 10, 0), (100, 100, 100, 0)))
+    # NOTE: from cp 5 on, one idle rank keeps the busiest within the bound (8 / 7 = 1.14):
+    # only the idle rule refuses it.
+    idle_at_8 = RankLoad((10,) * 7 + (0,), (100,) * 7 + (0,))
+    assert max(idle_at_8.tokens_max_over_mean, idle_at_8.work_max_over_mean) <= bound
+    assert not page_interleave_fits(idle_at_8)
     at_bound = RankLoad((5, 3), (int(100 * bound), int(100 * (2 - bound))))
     assert at_bound.work_max_over_mean == bound and page_interleave_fits(at_bound)
     assert not page_interleave_fits(RankLoad((5, 3), (126, 74)))
