@@ -39,6 +39,8 @@ STARTS = {
     "v32-kv-sharding": f"sglang serve --model-path {V32} --tp 8 --enable-prefill-cp "
     "--cp-strategy interleave --disaggregation-mode prefill --kv-cache-dtype fp8_e4m3 "
     "--dsa-prefill-backend trtllm --dsa-decode-backend trtllm --enable-kv-cache-sharding",
+    "glm5-zigzag-dp-attention": "sglang serve --model-path zai-org/GLM-5-FP8 --tp 8 --dp 2 "
+    "--enable-dp-attention --enable-prefill-cp --cp-strategy zigzag --attn-cp-size 2",
     "v32-plain-tp": f"sglang serve --model-path {V32} --tp 8",
     "v32-seed-names": f"python -m sglang.launch_server --model-path {V32} --tp 8 "
     "--enable-nsa-prefill-context-parallel --nsa-prefill-cp-mode round-robin-split "
