@@ -46,9 +46,7 @@ def first_fit(owners: list[str | None], nbytes: int) -> int | None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.booleans(), st.integers(0, 5), st.integers(0, BUFFER_BYTES)), max_size=40
-    )
+    st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.integers(0, BUFFER_BYTES)), max_size=40)
 )
 def test_slabs_land_where_first_fit_over_merged_free_ranges_puts_them(
     steps: list[tuple[bool, int, int]],
