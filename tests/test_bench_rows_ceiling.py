@@ -85,3 +85,16 @@ def test_the_copies_walk_every_span_of_the_buffers_and_wrap() -> None:
     ceiling.copy(3 * MIB)  # more than a piece: three pieces, each from where the last ended
     assert ceiling.cursor == MIB
     assert ceiling.src[MIB:].any(), "random bytes in every piece of the source"
+
+
+def test_a_copy_that_ends_at_the_buffers_end_takes_the_last_span_before_wrapping() -> None:
+    """Copies of 1 MiB over 4 MiB buffers: the fourth fills the last span (wrapping before it
+    would leave a quarter of the buffers untouched, and the copies run from a smaller
+    working set than the buffers are sized for); the fifth starts again from the front."""
+    ceiling = rows_ceiling.CopyCeiling(torch.device("cpu"), piece_bytes=MIB, buffer_bytes=4 * MIB)
+    for copies in range(1, 5):
+        ceiling.copy(MIB)
+        assert ceiling.cursor == copies * MIB
+    assert torch.equal(ceiling.dst, ceiling.src), "every span copied once"
+    ceiling.copy(MIB)
+    assert ceiling.cursor == MIB

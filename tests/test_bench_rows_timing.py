@@ -218,3 +218,18 @@ def test_time_op_on_cuda_takes_the_event_path(monkeypatch: pytest.MonkeyPatch) -
     round_ = ["event", "op", "event", "copy", "event"]
     assert log == ["op", "wait", "copy", "wait", *round_, "wait", *round_ * 2, "wait"]
     assert timing.rounds == 3 and timing.wall_seconds is None
+
+
+@pytest.mark.parametrize(
+    ("round_seconds", "rounds"),
+    [
+        (1.0, 3),  # a long op: the rounds asked for
+        (rows_rounds.ROUND_BUDGET_S / 10.5, 10),  # a short one: rounds to fill the budget
+        (1e-7, rows_rounds.MAX_REPEATS),  # a tiny one: no more than the cap
+        (0.0, rows_rounds.MAX_REPEATS),  # a round the clock read as 0 s
+    ],
+)
+def test_a_short_op_takes_rounds_to_fill_the_budget_up_to_the_cap(
+    round_seconds: float, rounds: int
+) -> None:
+    assert rows_rounds._round_count(3, round_seconds) == rounds

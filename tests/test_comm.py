@@ -7,6 +7,7 @@ import dataclasses
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -254,10 +255,21 @@ def test_local_rank_exception_surfaces_without_hanging() -> None:
     assert time.monotonic() - start < 10.0
 
 
-def test_local_rejects_mismatched_shapes() -> None:
-    def fn(comm: Communicator) -> torch.Tensor:
-        return comm.all_gather(torch.zeros(comm.rank + 1), tag="ragged")
+def _ragged(comm: Communicator) -> torch.Tensor:
+    return comm.all_gather(torch.zeros(comm.rank + 1), tag="ragged")
 
+
+def _mixed_dtypes(comm: Communicator) -> torch.Tensor:
+    dtype = torch.float32 if comm.rank == 0 else torch.float64
+    return comm.all_gather(torch.zeros(2, dtype=dtype), tag="mixed")
+
+
+@pytest.mark.parametrize("fn", [_ragged, _mixed_dtypes], ids=["shape", "dtype"])
+def test_local_rejects_mismatched_shapes_and_dtypes(
+    fn: Callable[[Communicator], torch.Tensor],
+) -> None:
+    """Parts that differ in shape or dtype are refused: ``torch.stack`` alone would promote
+    a float32 part to float64 and hide the mismatch."""
     with pytest.raises(RuntimeError, match="same shape and dtype on every rank"):
         run_local(2, fn, timeout_s=30.0)
 
@@ -315,10 +327,15 @@ def test_collect_times_out_naming_missing_ranks() -> None:
         launch._collect(_FakeInbox(), procs, 0.2, launch._Expect(int))
 
 
-def test_collect_reports_rank_that_died_without_result(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("code", [-9, 1, 0])
+def test_collect_reports_rank_that_died_without_result(
+    monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """Killed, failed, or exited cleanly (``os._exit(0)``) without a result: named once the
+    grace runs out, not after the whole timeout."""
     monkeypatch.setattr(launch, "_EXIT_GRACE_S", 0.1)
-    procs: list[Any] = [_FakeProc(None), _FakeProc(-9)]
-    with pytest.raises(RuntimeError, match="rank 1 exited with code -9 before reporting"):
+    procs: list[Any] = [_FakeProc(None), _FakeProc(code)]
+    with pytest.raises(RuntimeError, match=f"rank 1 exited with code {code} before reporting"):
         _collect(_FakeInbox(), procs)
 
 
