@@ -192,6 +192,28 @@ def test_the_call_progress_and_errors_round_trip() -> None:
     assert "rolled back" in fault.message and "CollectiveTimeout" in back.traceback
 
 
+def _replaced_timeout(suppress_context: bool) -> RankError:
+    """A rank's error raised while it handled a collective timeout."""
+    try:
+        try:
+            raise CollectiveTimeout(1, "all_gather('kv')", 61.5, 60.0)
+        except CollectiveTimeout:
+            if suppress_context:
+                raise ValueError("replaced") from None
+            raise ValueError("while handling")  # noqa: B904
+    except ValueError as exc:
+        return rank_error(exc)
+
+
+def test_an_error_chain_holds_what_pythons_traceback_shows() -> None:
+    """An implicit context is kept; one raised ``from None`` is not, so a timeout the rank
+    handled and replaced is not reported as its stall."""
+    kept, replaced = _replaced_timeout(False), _replaced_timeout(True)
+    assert [r.name for r in kept.chain] == ["ValueError", "CollectiveTimeout"]
+    assert [r.name for r in replaced.chain] == ["ValueError"]
+    assert replaced.find("CollectiveTimeout") is None
+
+
 @pytest.mark.parametrize(
     ("exc", "fields"),
     [
