@@ -114,6 +114,20 @@ def test_verify_runs_every_level_up_to_the_highest_enabled_phase() -> None:
     assert all(lv["ok"] and lv["max_abs_diff"] == 0.0 for lv in doc["levels"])
 
 
+def test_verify_runs_no_level_above_the_kill_switch_ceiling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CPKV_MAX_PHASE=2`` with every phase enabled: levels 0, 1 and 2 run, the ceiling
+    itself included, and none above it."""
+    monkeypatch.setenv("CPKV_MAX_PHASE", "2")
+    args = ["verify", NARROW_TRACE, "--phases", "all", "--cp-size", "2", "--page-size", "4"]
+    result = runner.invoke(app, [*args, "--backend", "local", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [lv["level"] for lv in doc["levels"]] == [0, 1, 2]
+    assert {b["level"] for b in doc["batches"]} == {0, 1, 2}
+
+
 def test_bad_phase_list_exits_2() -> None:
     result = runner.invoke(app, ["explain", NARROW_TRACE, "--phases", "1,7"])
     assert result.exit_code == 2

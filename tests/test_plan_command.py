@@ -535,10 +535,41 @@ def test_plans_a_local_checkpoint_from_its_config_json(tmp_path: Path) -> None:
     assert (doc["cp_size"], doc["page_size"]) == (8, 64)
 
 
-def test_an_mla_model_without_dsa_stores_no_index_k() -> None:
+@pytest.mark.parametrize("fp8", ["fp8_e4m3", "fp8_e5m2"])
+def test_an_mla_model_without_dsa_stores_no_index_k(fp8: str) -> None:
+    """The latent alone: two bytes a value in bf16, one in either FP8 (DSA refuses e5m2;
+    plain MLA stores it)."""
     doc = plan_json("--model", "deepseek-v3", "--tp-size", "8", "--cp-size", "8")
     assert doc["bytes_per_token_per_layer"] == (512 + 64) * 2
-    fp8 = plan_json(
-        "--model", "kimi-k2", "--tp-size", "8", "--cp-size", "8", "--kv-cache-dtype", "fp8_e4m3"
+    quantized = plan_json(
+        "--model", "kimi-k2", "--tp-size", "8", "--cp-size", "8", "--kv-cache-dtype", fp8
     )
-    assert fp8["bytes_per_token_per_layer"] == 512 + 64
+    assert quantized["bytes_per_token_per_layer"] == 512 + 64
+
+
+def test_sharded_level_charges_each_rank_one_cp_th_of_a_token() -> None:
+    """Level 0 charges every rank a whole token (``B``); levels >= 2 store a page on its
+    owner only, so a token costs each rank ``B / cp_size`` and the group caches ``cp_size``
+    times what one rank's pool holds."""
+    doc = plan_json(
+        "--model", "deepseek-v3.2", "--cp-size", "8", "--tp-size", "8", "--gpu-mem-gib", "141"
+    )
+    level0, level2 = doc["levels"]
+    assert level0["kv_bytes_per_token_per_rank"] == DSV32_PER_TOKEN
+    assert level2["kv_bytes_per_token_per_rank"] == DSV32_PER_TOKEN / 8
+    assert level0["tokens_per_deployment"] == level0["tokens_per_rank"]
+    assert level2["tokens_per_deployment"] == 8 * level2["tokens_per_rank"]
+
+
+def test_cuda_graph_max_bs_sizes_sglang_s_default_reserve() -> None:
+    """``--cuda-graph-max-bs 1024`` reaches SGLang's reserve estimate (``memory_budget``'s
+    docstring): the decode graph's ``2 x max_bs`` MiB, 2,048 instead of 1,024 at the default
+    512, lowers the fraction."""
+    args = ("--model", "deepseek-v3.2", "--tp-size", "8", "--gpu-mem-gib", "141")
+    doc = plan_json(*args, "--cuda-graph-max-bs", "1024")
+    base, chunk, tp_pp, graphs = 512, 1.5 * 8192, 8 * 1 / 8 * 1024, 2 * 1024
+    reserve_mib = base + chunk + tp_pp + graphs
+    fraction = round((141 * 1024 - reserve_mib) / (141 * 1024), 3)
+    assert doc["memory"]["mem_fraction_static"] == fraction == 0.89
+    assert doc["memory"]["cuda_graph_max_bs"] == 1024
+    assert doc["sources"]["cuda_graph_max_bs"] == "cli"

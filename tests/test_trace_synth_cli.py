@@ -189,6 +189,14 @@ def test_requests_file_errors_name_the_line_and_field(
             "chunked_prefill_size must be -1 (off) or at least one page",
         ),
         (["--workload", "chat", "--max-concurrency", "0"], "--max-concurrency must be >= 1"),
+        (
+            ["--workload", "generated-shared-prefix", "--gsp-num-groups", "0"],
+            "num_groups: Input should be greater than or equal to 1",
+        ),
+        (
+            ["--workload", "random", "--random-range-ratio", "1.5"],
+            "range_ratio: Input should be less than or equal to 1",
+        ),
     ],
 )
 def test_rejects_options_for_another_workload_or_out_of_range(
