@@ -1,5 +1,6 @@
 """The output tolerance is 1e-5: a difference between 1e-5 and 1e-3 fails the comparison,
-at the function verify compares with and end to end through ``cpkv verify``."""
+at the function verify compares with and end to end through ``cpkv verify``; a level's
+verdict and largest difference cover every batch."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ from torch import Tensor
 from typer.testing import CliRunner
 
 from cpkv.cli import app
-from cpkv_core.runtime import BatchOutput, RequestOutput, compare_batch
+from cpkv.run.verify import BatchRow, LevelReport, VerifyReport
+from cpkv_core.config import DeploymentConfig
+from cpkv_core.planning import BatchSpec, RequestSpec, Scheduler
+from cpkv_core.runtime import BatchComparison, BatchOutput, RequestOutput, compare_batch
 from cpkv_core.runtime import engine as engine_mod
 from cpkv_core.runtime.model import lm_head
 from cpkv_core.runtime.weights import ModelWeights
+from phases import Gate, PhaseId
 from tests.conftest import MIXED_TRACE
 
 runner = CliRunner()
@@ -53,3 +58,20 @@ def test_verify_fails_when_the_engine_is_off_by_1e_4(monkeypatch: pytest.MonkeyP
     assert document["ok"] is False and document["tolerance"]["outputs_atol"] == 1e-5
     for level in document["levels"]:
         assert not level["ok"] and level["max_abs_diff"] == pytest.approx(1e-4, rel=0.05)
+
+
+def test_a_level_reports_its_largest_batch_difference_and_fails_on_any_batch() -> None:
+    """Only the middle batch is off: the level's ``max_abs_diff`` is that batch's, not the
+    first's, and the level fails, in the report and in its JSON."""
+    deploy = DeploymentConfig(cp_size=2, page_size=4)
+    batch = Scheduler(64, 4, 2).schedule(BatchSpec(0, (RequestSpec("a", 0, 16),)))
+    plan = Gate(frozenset({PhaseId.NARROW_OUTPUT}), deploy).decide(batch)
+    rows = tuple(
+        BatchRow(1, index, plan, 16, (0, 0), {}, (0, 0), BatchComparison(index, diff, True, 0))
+        for index, diff in enumerate([0.0, 3e-4, 1e-6])
+    )
+    level = LevelReport(1, rows)
+    assert level.max_abs_diff == 3e-4 and not level.ok
+    document = VerifyReport((level,)).to_json()
+    assert document["levels"] == [{"level": 1, "ok": False, "max_abs_diff": 3e-4}]
+    assert document["ok"] is False
