@@ -234,6 +234,9 @@ def test_explain_replays_a_failed_batchs_kill() -> None:
     explained = explain_trace(BATCHES, ALL, deploy, None, replayed)
     assert [_decided(plan) for plan in explained.plans] == live
     assert [_decided(plan) for plan in explain_trace(BATCHES, ALL, deploy).plans] != live
+    for plan in explained.plans[1:]:  # NOTE: from the failed batch on, with its cause
+        reasons = plan_to_json(plan)["phases"][4]["reasons"]
+        assert "KILLED cause=error batch=1 replayed=--killed" in reasons, reasons
     args = ["explain", str(LONG), "--phases", "all", "--cp-size", "2", "--page-size", "4"]
     result = runner.invoke(app, [*args, "--killed", "5@1:bogus"])
     assert result.exit_code == 2 and "CAUSE must be error, debug_check, nonfinite" in result.stderr
