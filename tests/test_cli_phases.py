@@ -10,6 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cpkv.cli import app
+from cpkv.common.settings import RunSettings
+from cpkv_core.config import DeploymentConfig
+from phases import PhaseId
 from tests.conftest import DATA
 
 runner = CliRunner()
@@ -126,6 +129,18 @@ def test_verify_runs_no_level_above_the_kill_switch_ceiling(
     doc = json.loads(result.stdout)
     assert [lv["level"] for lv in doc["levels"]] == [0, 1, 2]
     assert {b["level"] for b in doc["batches"]} == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "levels", "top"),
+    [(None, (0, 1, 2, 3, 4, 5), 5), (3, (0, 1, 2, 3), 3), (0, (0,), 0)],
+)
+def test_the_ceiling_caps_the_levels_verify_runs_and_the_level_pd_prefills_at(
+    ceiling: int | None, levels: tuple[int, ...], top: int
+) -> None:
+    deploy = DeploymentConfig(cp_size=2, page_size=4)
+    settings = RunSettings(deploy, frozenset(PhaseId), ceiling, debug_checks=False)
+    assert (settings.levels(), settings.top_level()) == (levels, top)
 
 
 def test_bad_phase_list_exits_2() -> None:
