@@ -244,3 +244,27 @@ def test_phase_2_runs_over_mooncake_tcp_but_not_mori(
     codes = [p.code for p in check_flags(flag_set)]
     assert (ProblemCode.STARTUP_CONTRACT in codes) is refused, codes
     assert flag_set.deployment().pd_backend in (TransferBackend.MOONCAKE, TransferBackend.MORI)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "code"),
+    [
+        ("shadow_rate", 0.0, None),
+        ("shadow_rate", 1.0, None),  # every batch shadowed: the edge is in
+        ("shadow_rate", 1.01, ProblemCode.SHADOW_RATE_OUT_OF_RANGE),
+        ("shadow_rate", -0.01, ProblemCode.SHADOW_RATE_OUT_OF_RANGE),
+        ("batch_timeout_s", 0.0, ProblemCode.BATCH_TIMEOUT_OUT_OF_RANGE),  # no wait at all
+        ("batch_timeout_s", 0.001, None),
+        ("batch_timeout_s", flags.checks.MAX_BATCH_TIMEOUT_S, None),
+        (
+            "batch_timeout_s",
+            flags.checks.MAX_BATCH_TIMEOUT_S * 1.01,
+            ProblemCode.BATCH_TIMEOUT_OUT_OF_RANGE,
+        ),
+    ],
+)
+def test_the_ranges_of_the_shadow_rate_and_the_batch_timeout_hold_at_their_edges(
+    field: str, value: float, code: ProblemCode | None
+) -> None:
+    codes = [p.code for p in check_flags(FlagSet(**{field: value}))]
+    assert codes == ([] if code is None else [code])

@@ -50,6 +50,19 @@ def test_enable_refuses_a_phase_whose_need_is_off_and_leaves_file_identical(
     assert change.reasons == ("NEEDS_DISABLED phase=3 needs=2",)
     assert "--with-needs" in change.hint
     assert config.read_bytes() == before
+    assert change.enabled_after == frozenset()
+    assert change.to_json()["enabled_phases"] == []
+
+
+def test_a_problem_already_in_the_file_does_not_block_a_change(config: Path) -> None:
+    """Only problems the change adds refuse it (module docstring of ``flags.config_file``)."""
+    config.write_text(CP_ON + "shadow-rate = 2.0\n")
+    change = enable(config, PhaseId.NARROW_OUTPUT)
+    assert change.applied and change.reasons == ()
+    assert config.read_text() == CP_ON + "shadow-rate = 2.0\n" + (
+        "enable-nsa-prefill-cp-narrow-output = true\n"
+    )
+    assert enabled(config) == {1}
 
 
 def test_enable_with_needs_turns_on_the_whole_closure(config: Path) -> None:
@@ -119,6 +132,16 @@ def test_edit_keeps_trailing_comments_and_unrelated_keys(config: Path) -> None:
     config.write_text(CP_ON + line.format("false"))
     enable(config, PhaseId.NARROW_OUTPUT)
     assert config.read_text() == CP_ON + line.format("true")
+
+
+def test_edit_sets_a_quoted_key_in_place(config: Path) -> None:
+    """TOML allows a quoted key; the edit replaces its value instead of adding a duplicate."""
+    line = '"enable-nsa-prefill-cp-narrow-output" = {}  # quoted\n'
+    config.write_text(CP_ON + line.format("false"))
+    change = enable(config, PhaseId.NARROW_OUTPUT)
+    assert change.applied
+    assert config.read_text() == CP_ON + line.format("true")
+    assert enabled(config) == {1}
 
 
 def test_refused_and_allowed_changes_leave_no_temp_files(config: Path) -> None:

@@ -29,6 +29,7 @@ TAIL = " ".join(ARGS)
         "python --check-hash-based-pycs never -m sglang.launch_server",
         "sglang serve",
         "/usr/local/bin/sglang serve --model-type llm",
+        "sglang serve --model-type=llm",
         "",
     ],
 )
@@ -83,6 +84,14 @@ def test_yaml_options_come_first_so_the_command_line_wins(tmp_path: Path) -> Non
     assert imported.sglang.parsed_values["page_size"] == 32
     assert imported.sglang.given["model_path"] == f"--config {path}: --model-path"
     assert imported.sglang.given["tp_size"] == "--tp-size"
+
+
+@pytest.mark.parametrize("name", ["server.YAML", "server.Yml"])
+def test_a_yaml_suffix_in_any_case_is_a_config_file(tmp_path: Path, name: str) -> None:
+    """``_validate_yaml_file`` compares ``path.suffix.lower()``
+    (``sglang/srt/utils/server_args_config_parser.py``)."""
+    path = _yaml(tmp_path, "tp: 4\n", name)
+    assert merge_config(["--config", path]).argv == ("--tp", "4")
 
 
 def test_yaml_values_become_options_as_sglang_writes_them() -> None:

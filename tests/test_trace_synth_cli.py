@@ -150,6 +150,10 @@ def _write(tmp_path: Path, text: str) -> Path:
         ),
         ('{"prompt_len": 10, "tokens": 3}', "2: tokens: Extra inputs are not permitted"),
         ('{"prompt_len": 5, "session": "u1"}', "2: prompt_len: a later turn of session 'u1'"),
+        (
+            '{"prompt_len": 20, "session": "u1", "prefix_group": "g", "prefix_len": 4}',
+            "2: prefix_group: only a session's first turn names one",
+        ),
     ],
 )
 def test_requests_file_errors_name_the_line_and_field(
