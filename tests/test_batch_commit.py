@@ -80,6 +80,7 @@ def _trace_outputs(
     batches: tuple[BatchSpec, ...],
     shadow_rate: float,
     monkeypatch: pytest.MonkeyPatch | None,
+    failing_batch: int = FAILING_BATCH,
 ) -> list[list[RankBatchOutput]]:
     deploy = make_deploy(CP_SIZE, PAGE_SIZE)
     num_pages = pages_for_trace(batches, PAGE_SIZE, CP_SIZE)
@@ -91,8 +92,10 @@ def _trace_outputs(
         step = loop.step(batch)
         if engines is None:
             engines = _engines(num_pages, step.decision.plan.kv_layout)
-        if monkeypatch is not None and batch.batch == FAILING_BATCH:
+        if monkeypatch is not None and batch.batch == failing_batch:
             assert len(step.scheduled.new_pages) > 0  # the batch allocates, and writes
+            compares = step.shadow is not None and len(step.shadow.phases) > 0
+            assert compares == (shadow_rate > 0 and failing_batch != FAILING_BATCH)
             pools = [_pool(e) for e in engines]
             committed = [(dict(e.requests), e.stored_pages) for e in engines]
             with monkeypatch.context() as patch:
@@ -110,13 +113,20 @@ def _trace_outputs(
     return outputs
 
 
-@pytest.mark.parametrize("shadow_rate", [0.0, 1.0], ids=["plain", "shadowed"])
+@pytest.mark.parametrize(
+    ("shadow_rate", "failing_batch"),
+    [(0.0, FAILING_BATCH), (1.0, FAILING_BATCH), (1.0, 3)],
+    ids=["plain", "shadowed", "shadow-compared"],
+)
 def test_a_batch_failed_mid_layer_rolls_back_and_its_rerun_equals_the_reference(
-    shadow_rate: float, monkeypatch: pytest.MonkeyPatch
+    shadow_rate: float, failing_batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``shadow-compared`` fails a batch whose shadow compares a phase (batch 2 has none to
+    compare, so it runs plain): the candidate run raises in layer 1, and the shadow's own
+    guard must put every layer's rows back."""
     batches = load_trace(DATA / "mixed.jsonl", PAGE_SIZE).batches
     clean = _trace_outputs(batches, shadow_rate, None)
-    rerun = _trace_outputs(batches, shadow_rate, monkeypatch)
+    rerun = _trace_outputs(batches, shadow_rate, monkeypatch, failing_batch)
     for a_ranks, b_ranks in zip(clean, rerun, strict=True):
         for a, b in zip(a_ranks, b_ranks, strict=True):
             for name in ("topk", "last_hidden", "logits"):

@@ -91,6 +91,24 @@ def test_written_check_catches_a_dropped_write_and_stops_the_run_in_phase_2(
         run(CURRENT_ONLY, level=3)
 
 
+def test_written_check_catches_a_write_that_corrupts_only_the_index_k_scale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The latent and index K land right, the scale of the last row does not: a row is
+    its three parts, so the check against the owners' pools must see it."""
+
+    def bad_scale(pool: PagedKVPool, layer: int, source: KVRows, rows: Any, dest: Any) -> None:
+        rows_in = source if rows is None else source.select(rows)
+        scale = rows_in.index_k_scale.clone()
+        scale[-1:] *= 2.0
+        write_rows(pool, layer, KVRows(rows_in.latent, rows_in.index_k, scale), None, dest)
+
+    monkeypatch.setattr(engine_mod, "write_rows", bad_scale)
+    words = r"rows the batch computed differ from their owners' pools[\s\S]*phase 2's path"
+    with pytest.raises(RuntimeError, match=words):
+        run(CURRENT_ONLY, level=3)
+
+
 def test_view_check_catches_a_dropped_write_in_a_current_only_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -6,6 +6,7 @@ In-process ranks, then one gloo group for every case that must hold on real proc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -118,6 +119,26 @@ def test_nonfinite_values_are_blamed_where_they_are_seen() -> None:
     assert killed_reason(unknown.levels[0].rows[1].batch_plan, 4) == [
         "KILLED cause=nonfinite batch=0 ranks=1 attributed=no"
     ]
+
+
+def test_a_nan_index_k_scale_written_is_blamed_on_the_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The direct write (the one strategy that stores its source rows in order) stores a
+    NaN index K scale while its latent stays finite: the rows the batch wrote are checked
+    whole, so phase 5 is killed at the write and the batch rerun on phase 4's write."""
+    real = engine_mod.write_rows
+
+    def nan_scale(pool: Any, layer: int, source: Any, rows: Any, dest: Any) -> None:
+        if rows is None:
+            scale = torch.full_like(source.index_k_scale, float("nan"))
+            source = dataclasses.replace(source, index_k_scale=scale)
+        real(pool, layer, source, rows, dest)
+
+    monkeypatch.setattr(engine_mod, "write_rows", nan_scale)
+    report = verify_levels(TINY, make_deploy(2, 4), BATCHES, (5,), ALL, Backend.LOCAL)
+    assert report.ok
+    assert kills_of(report)[0] == (5, 0, "nonfinite", ("kv_write",), True)
 
 
 @pytest.mark.parametrize(("fault", "batch"), [("5:owner", 0), ("5:drop@3", 3)])
