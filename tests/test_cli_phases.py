@@ -196,3 +196,36 @@ def test_explain_reports_owner_mismatch_on_a_foreign_partial_page() -> None:
     assert result.exit_code == 0, result.output
     batch1 = json.loads(result.stdout)["batches"][1]["phases"][4]["reasons"]
     assert "OWNER_MISMATCH rid=a page=9 owner=1 compute_owner=0" in batch1
+
+
+def test_phases_checks_the_start_up_contract_against_the_config_deployment(
+    tmp_path: Path,
+) -> None:
+    """A PD prefill server on NIXL: phase 2's contract fails there (and only there), in the
+    JSON and in the table, whose columns say phase 1 is enabled and every phase available."""
+    config = tmp_path / "pd.toml"
+    config.write_text(
+        "enable-nsa-prefill-context-parallel = true\nattn-cp-size = 2\n"
+        "enable-nsa-prefill-cp-narrow-output = true\n"
+        'disaggregation-mode = "prefill"\ndisaggregation-transfer-backend = "nixl"\n'
+    )
+    result = runner.invoke(app, ["phases", "--config", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["phases"]
+    assert [r["startup_ok"] for r in rows] == [True, False, True, True, True]
+    assert "pd_backend=nixl" in rows[1]["startup_reasons"][0]
+    assert [r["enabled"] for r in rows] == [True, False, False, False, False]
+    text = runner.invoke(app, ["phases", "--config", str(config)], env={"COLUMNS": "250"})
+    assert text.exit_code == 0, text.output
+    table = {}
+    for line in text.stdout.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if cells and cells[0].isdigit():
+            table[int(cells[0])] = (cells[4], cells[5], cells[6].split()[0])
+    assert table == {
+        1: ("yes", "yes", "holds"),
+        2: ("no", "yes", "STARTUP_CONTRACT"),
+        3: ("no", "yes", "holds"),
+        4: ("no", "yes", "holds"),
+        5: ("no", "yes", "holds"),
+    }

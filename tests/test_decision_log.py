@@ -118,3 +118,17 @@ def test_a_batch_decided_twice_is_refused(tmp_path: Path) -> None:
 def test_a_missing_log_is_bad_input(tmp_path: Path) -> None:
     code, _, stderr = _explain(str(tmp_path / "nope.jsonl"))
     assert code == 2 and "cannot read the decision log" in stderr
+
+
+def test_the_split_column_names_who_ran_each_batch_unsplit(tmp_path: Path) -> None:
+    """Batch 1 SGLang left unsplit (``sglang_split`` false): "no (sglang)"; batch 3 SGLang
+    would split but cpkv's gate ran it unsplit: "no (cpkv)"; batches 0 and 2 split."""
+    log = _write(tmp_path / "decisions.jsonl", RECORDS)
+    code, stdout, _ = _explain(str(log))
+    assert code == 0
+    rows = {}
+    for line in stdout.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if cells and cells[0].isdigit():
+            rows[int(cells[0])] = cells[3]
+    assert rows == {0: "yes", 1: "no (sglang)", 2: "yes", 3: "no (cpkv)"}

@@ -223,3 +223,24 @@ def test_every_relative_link_and_picture_in_the_docs_exists() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "![" in readme and "(docs/capacity.png)" in readme
     assert (ROOT / "docs/capacity.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_docs_check_exits_1_on_a_stale_page_and_writes_nothing(tmp_path: Path) -> None:
+    """``cpkv docs --check`` is the CI gate: a stale block exits 1 and leaves the page as it
+    was; ``cpkv docs`` rewrites it, after which ``--check`` exits 0."""
+    for page in ("cli.md", "flags.md"):
+        (tmp_path / page).write_text((ROOT / "docs" / page).read_text())
+    cli_page = tmp_path / "cli.md"
+    begin = "<!-- BEGIN GENERATED cpkv verify (cpkv docs) -->\n"
+    stale = cli_page.read_text().replace(begin, begin + "an edit by hand\n")
+    assert stale != cli_page.read_text()
+    cli_page.write_text(stale)
+    checked = runner.invoke(app, ["docs", "--docs-dir", str(tmp_path), "--check"])
+    assert checked.exit_code == 1, checked.output
+    assert f"stale: {cli_page}" in checked.stderr
+    assert cli_page.read_text() == stale
+    written = runner.invoke(app, ["docs", "--docs-dir", str(tmp_path)])
+    assert written.exit_code == 0, written.output
+    assert cli_page.read_text() == (ROOT / "docs" / "cli.md").read_text()
+    again = runner.invoke(app, ["docs", "--docs-dir", str(tmp_path), "--check"])
+    assert again.exit_code == 0 and again.stderr == ""

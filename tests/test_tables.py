@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from cpkv.cli import app
 from cpkv.common.console import NO_TERMINAL_WIDTH, AppConsole
 from cpkv.render.batches import render_demo
-from cpkv.render.cells import compact_reasons, short_bytes
+from cpkv.render.cells import compact_reasons, human_bytes, short_bytes
 from cpkv.run.explain import explain_trace
 from cpkv.run.jobs import Backend
 from cpkv.run.verify import verify_levels
@@ -41,6 +41,21 @@ MIXED = ["--phases", "all", "--cp-size", "2", "--page-size", "4", "--cp-split-ga
 def test_short_bytes_fit_in_five_characters(num: int, text: str) -> None:
     assert short_bytes(num) == text
     assert len(text) <= 5
+
+
+@pytest.mark.parametrize(
+    ("num", "text"),
+    [
+        (1000, "1000 B"),
+        (10 * 1024, "10.0 KiB"),
+        (3 * 2**20, "3.0 MiB"),
+        (5 * 2**30, "5.0 GiB"),
+        (2500 * 2**30, "2500.0 GiB"),
+    ],
+)
+def test_human_bytes_use_binary_units(num: int, text: str) -> None:
+    """KiB, MiB and GiB are powers of 1024 (``cpkv plan``'s bytes per token, bench's tables)."""
+    assert human_bytes(num) == text
 
 
 def test_compact_reasons_count_codes_per_phase_and_leave_out_disabled() -> None:
