@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from cpkv.cli import app
@@ -158,3 +159,16 @@ def test_capacity_figure_draws_the_recorded_series() -> None:
     cp_sizes = [p["cp_size"] for p in sweep["plans"]]
     assert [list(line.get_xdata()) for line in lines] == [cp_sizes] * 2
     assert 4 in cp_sizes and set(cp_sizes) <= set(range(1, 9))
+
+
+@pytest.mark.parametrize("extra", [["--batch", "1"], ["--decision-log"]], ids=["batch", "log"])
+def test_explain_out_with_one_batch_or_a_log_is_bad_input_and_writes_nothing(
+    tmp_path: Path, extra: list[str]
+) -> None:
+    """Neither has the every-batch figure ``--out`` draws: refused, not silently dropped."""
+    out_dir = tmp_path / "plots"
+    args = ["explain", str(DATA / "mixed.jsonl"), "--phases", "all", "--cp-size", "2"]
+    result = runner.invoke(app, [*args, "--page-size", "4", *extra, "--out", str(out_dir)])
+    assert result.exit_code == 2, result.output
+    assert f"drop {extra[0]} or --out" in result.stderr
+    assert not out_dir.exists()

@@ -67,6 +67,8 @@ def explain_command(
     """The gate's BatchPlan for every batch of TRACE, with reasons, and the phase mix: the
     share of batches and tokens per phase, and fallback reasons counted by code. With
     --decision-log, the decisions a server's SGLang plugin logged instead."""
+    with bad_input_exits():
+        _check_out(out_dir, batch, decision_log)
     if decision_log:
         _explain_decision_log(trace_path, summary, batch, as_json)
         return
@@ -93,6 +95,16 @@ def explain_command(
 
         documents = {"explain": report.to_json()}
         print_written(write_outputs(out_dir, "explain", documents, EXPLAIN_FIGURES))
+
+
+def _check_out(out_dir: Path | None, batch: int | None, decision_log: bool) -> None:
+    """``--out`` draws every batch of the trace's plan: one batch (``--batch``) or a
+    server's log (``--decision-log``) has no such figure, so the pair is bad input."""
+    if out_dir is None:
+        return
+    for given, name in ((batch is not None, "--batch"), (decision_log, "--decision-log")):
+        if given:
+            raise BadInput(f"--out draws every batch of the trace's plan; drop {name} or --out")
 
 
 def _explain_decision_log(path: Path, summary: bool, batch: int | None, as_json: bool) -> None:
