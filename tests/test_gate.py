@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpkv_core.config import CpMode, DeploymentConfig, SplitGate
+from cpkv_core.config import (
+    CpMode,
+    DeploymentConfig,
+    DisaggregationMode,
+    SplitGate,
+    TransferBackend,
+)
 from cpkv_core.planning import (
     BatchSpec,
     ExecutionPlan,
@@ -20,7 +26,7 @@ from cpkv_core.planning import (
     Scheduler,
     SplitStrategy,
 )
-from phases import Gate, StartupContract, levels_of
+from phases import Gate, StartupContract, levels_of, startup_problems
 from phases.ids import PHASE_NEEDS, PhaseId, closure_of_needs, parse_phase_list
 from phases.reasons import Reason, ReasonCode
 from phases.registry import REGISTERED_PHASES
@@ -237,3 +243,28 @@ def test_an_enabled_phase_without_mechanics_is_unavailable_not_stubbed() -> None
     plan = Gate(frozenset(PhaseId), DEPLOY, registry=registry).decide(make_batch(extend_len=64))
     assert plan.phase == 4
     assert texts(plan.decisions[4].reasons) == ("UNAVAILABLE",)
+
+
+def test_phase_2s_startup_reason_names_the_deployments_transfer_backend() -> None:
+    """``STARTUP_CONTRACT pd_backend=nixl: needs Mooncake ...`` (docs/phases/README.md): the
+    value is the deployment's, the text after it the contract field's rule; Mooncake, over
+    TCP too, and no PD pass."""
+
+    def prefill(backend: TransferBackend) -> DeploymentConfig:
+        mode = DisaggregationMode.PREFILL
+        return DeploymentConfig(
+            cp_size=4, page_size=4, disaggregation_mode=mode, transfer_backend=backend
+        )
+
+    sharded = frozenset({PhaseId.SHARDED_KV})
+    refused = (
+        "STARTUP_CONTRACT pd_backend=nixl: "
+        "needs Mooncake (owned-page transfer with logical positions) or no PD",
+    )
+    problems = startup_problems(sharded, prefill(TransferBackend.NIXL))
+    assert texts(tuple(problems[PhaseId.SHARDED_KV])) == refused
+    plan = Gate(sharded, prefill(TransferBackend.NIXL)).decide(make_batch())
+    decision = next(d for d in plan.decisions if d.phase == PhaseId.SHARDED_KV)
+    assert not decision.active and texts(decision.reasons) == refused
+    for deploy in (prefill(TransferBackend.MOONCAKE_TCP), DEPLOY):
+        assert startup_problems(sharded, deploy) == {PhaseId.SHARDED_KV: []}

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cpkv.cli import app
 from cpkv.migrate import MigrateOptions, Migration, migration_json, plan_migration
-from cpkv.migrate.launch import LaunchCommand, group_arguments
+from cpkv.migrate.launch import Edit, EditKind, LaunchCommand, group_arguments
 from cpkv.render.migrate import render_migration
 from flags import read_sglang
 from flags.sglang import kv_shard
@@ -261,3 +261,35 @@ def test_a_command_that_lists_its_plugins_gets_cpkv_added() -> None:
         "changed"
     ]
     assert narrow["plugin"]["loading"].startswith("SGLANG_PLUGINS=foo,cpkv")
+
+
+def test_an_edit_replaces_an_option_where_the_command_first_gave_it() -> None:
+    """A repeated option is read as argparse reads it (the last one counts); setting it puts
+    the new value where the command first gave it and drops the repeats, so the other
+    options keep their places."""
+    argv = ["--model-path", V32, "--tp", "4", "--page-size", "1", "--tp", "8"]
+    command = LaunchCommand.from_parts({}, argv)
+    tp = command.group("tp_size")
+    assert tp is not None and tp.tokens == ("--tp", "8")
+    edited = command.apply(Edit(EditKind.SET, "tp_size", "2"))
+    assert edited.argv == ("--model-path", V32, "--tp-size", "2", "--page-size", "1")
+
+
+def test_the_commands_own_shadow_rate_is_kept_when_none_is_given() -> None:
+    """Without ``--shadow-rate`` the steps keep the ``CPKV_SHADOW_RATE`` the command sets
+    (level 0 drops it; the plugin's step sets it back), not the default 0.01."""
+    code, document = _migrate("--from-sglang", f"CPKV_SHADOW_RATE=0.05 {V32_REPLICATED}")
+    assert code == 0, document
+    assert document["shadow_rate"] == 0.05
+    base, narrow, sharded = document["steps"]
+    assert "CPKV_SHADOW_RATE" not in base["env"]
+    assert narrow["env"]["CPKV_SHADOW_RATE"] == sharded["env"]["CPKV_SHADOW_RATE"] == "0.05"
+
+
+def test_a_flag_two_rules_want_names_both_codes() -> None:
+    """A nixl PD prefill worker needs Mooncake for SGLang's DSA KV-sharding transfer rule and
+    for phase 2's start-up contract: the one flag carries both codes."""
+    _, document = _migrate("--from-sglang", STARTS["v32-pd-prefill-nixl"])
+    needs = {n["flag"]: n for n in document["steps"][2]["needs"]}
+    mooncake = needs["--disaggregation-transfer-backend mooncake"]
+    assert mooncake["codes"] == ["SGLANG_KV_SHARDING_DSA_TRANSFER", "STARTUP_CONTRACT"]
