@@ -4,6 +4,7 @@ is named by its number."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -132,3 +133,17 @@ def test_the_split_column_names_who_ran_each_batch_unsplit(tmp_path: Path) -> No
         if cells and cells[0].isdigit():
             rows[int(cells[0])] = cells[3]
     assert rows == {0: "yes", 1: "no (sglang)", 2: "yes", 3: "no (cpkv)"}
+
+
+def test_batch_n_is_the_batch_numbered_n_in_a_log_that_starts_later(tmp_path: Path) -> None:
+    """A log begun mid-run (the plugin's numbering goes on): ``--batch 5`` is the record
+    numbered 5, not the sixth line's; a number the log does not hold is bad input."""
+    later = tuple(dataclasses.replace(r, batch=r.batch + 3) for r in RECORDS)
+    log = _write(tmp_path / "decisions.jsonl", later)
+    code, stdout, _ = _explain(str(log), "--batch", "5", "--json")
+    assert code == 0
+    document = json.loads(stdout)
+    assert (document["batch"], document["tokens"]) == (5, 120)
+    assert document["tail"]["batch"] == 5
+    code, _, stderr = _explain(str(log), "--batch", "0")
+    assert code == 2 and "the log has batches 3-6" in stderr
