@@ -71,6 +71,20 @@ def test_scheduler_options_override_the_preset_and_shape_the_trace(tmp_path: Pat
     assert max(b.num_tokens for b in load_trace(trace, 64).batches) <= 1000
 
 
+def test_mid_page_resumes_are_counted_at_the_page_size_asked_for(tmp_path: Path) -> None:
+    """Chunks of 1,000 tokens resume mid-page at page 16 less often than at 64 (2,000 is a
+    multiple of 16): the summary counts them at ``--page-size``, as the trace reads."""
+    args = ["--workload", "long-doc", "--size", "small", "--chunked-prefill-size", "1000"]
+    trace, summary = synth(tmp_path, "t.jsonl", *args, "--page-size", "16")
+
+    def resumes(page: int) -> int:
+        batches = load_trace(trace, 16).batches
+        return sum(r.prefix_len % page != 0 for b in batches for r in b.requests)
+
+    assert summary["scheduler"]["page_size"] == 16
+    assert summary["mid_page_resumes"] == resumes(16) != resumes(64)
+
+
 def test_bench_serving_shapes_take_their_own_options(tmp_path: Path) -> None:
     _, gsp = synth(
         tmp_path,
