@@ -134,6 +134,17 @@ def test_every_runnable_command_starts_under_cpkv_flags(name: str) -> None:
     assert last["sglang"]["resolved"]["enable_kv_cache_sharding"] is True
 
 
+@pytest.mark.parametrize(
+    ("name", "levels"),
+    [("v32-interleave", []), ("v32-seed-names", [1]), ("v32-kv-sharding", [2, 3])],
+)
+def test_given_levels_are_the_levels_the_command_already_runs(name: str, levels: list[int]) -> None:
+    """None on replicated KV; 1 with narrow output on; 2-3 under SGLang's KV sharding."""
+    code, document = _migrate("--from-sglang", STARTS[name])
+    assert code == 0, document
+    assert document["given_levels"] == levels
+
+
 def test_needs_come_from_the_readers_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the reader reports for the step's command plus KV sharding is what it needs; a
     DSA rule taken out of the reader takes its flags out of the answer."""
