@@ -11,11 +11,13 @@ import torch
 from cpkv.bench.byte_model import one_head
 from cpkv.bench.bytes import bytes_by_batch
 from cpkv.bench.cp_off import cp_off_bytes_jobs, cp_off_bytes_rows
+from cpkv.bench.kv import page_balance
 from cpkv.bench.measure import ALL_PHASES
 from cpkv.run.jobs import Backend, LevelRun, RankJob
 from cpkv.run.runner import run_levels
 from cpkv_core.config import CpMode, model_preset
 from cpkv_core.planning import KvReadStrategy, KvWriteStrategy, pages_for_trace
+from cpkv_core.runtime.kv_pool import kv_bytes_per_page
 from cpkv_core.traces import load_trace
 from tests.conftest import DATA, make_deploy
 
@@ -100,3 +102,22 @@ def test_cp_off_bytes_stop_after_the_last_batch_below_the_minimum_and_count_the_
             assert _counts([level_cut]) == _counts([level_whole])[:3]
     assert cp_off_bytes_rows(runs_cut, batches, 280) == cp_off_bytes_rows(runs_whole, batches, 280)
     assert len(cp_off_bytes_rows(runs_cut, batches, 280)) == 2 * 2 * 2
+
+
+def test_page_balance_counts_each_sharded_levels_pages_after_the_last_batch() -> None:
+    """Per sharded level, each rank's KV bytes after the trace's last batch over one page's
+    bytes (the pools grow batch by batch, so an earlier batch holds fewer); replicated
+    levels are left out."""
+    deploy = make_deploy(cp_size=2, page_size=16)
+    model = model_preset("tiny")
+    batches = load_trace(DATA / "long.jsonl", 16).batches
+    num_pages = pages_for_trace(batches, deploy.page_size, deploy.cp_size)
+    job = RankJob(model, deploy, batches, (0, 2, 5), num_pages, ALL_PHASES)
+    runs = run_levels(job, Backend.LOCAL)
+    page_bytes = kv_bytes_per_page(model, deploy.index_k_dtype, deploy.page_size)
+    balance = page_balance(runs, page_bytes)
+    assert [b.level for b in balance] == [2, 5]
+    for row, run in zip(balance, runs[1:], strict=True):
+        last = tuple(p.kv_bytes // page_bytes for p in run.rank_outputs[-1])
+        first = tuple(p.kv_bytes // page_bytes for p in run.rank_outputs[0])
+        assert row.pages_by_rank == last != first
