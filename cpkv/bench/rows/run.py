@@ -54,8 +54,9 @@ every pass are pooled into one timing (``timing``). Where an op's buffers land m
 time by more than its rounds at one placement spread (docs/real-rows.md): over three, the
 next run's figure fell inside the spread for 83-94 of the 96 entries at 128K over three
 pairs of runs on an AMD VM (89 before the pack's host work was cut, 77-90 with the
-row-by-row gathers, 65-86 over two passes), and for 84-86 on a Xeon VM, whose large ops'
-rounds agree within 1-3% while its runs drift by about 1%."""
+row-by-row gathers, 65-86 over two passes), and for 84-93 on a Xeon VM (full runs and
+runs of the 128K points alone), whose large ops' rounds agree within 1-3% while its runs
+drift by about 1%; five rounds a pass held no better there."""
 ROWS_REPEATS = 3
 """Least timed rounds of an op in one pass (a short op takes more: ``rounds``)."""
 
