@@ -111,6 +111,7 @@ def test_every_figure_moves_the_bytes_counted_by_hand(tiny_bf16: Any) -> None:
         assert entry["gb_per_s"] == pytest.approx(entry["bytes"] / entry["seconds"] / 1e9)
         # NOTE: one round in each of the two passes, pooled.
         assert (entry["rounds"], entry["placements"]) == (2, 2), (point, key)
+        assert entry["placement_rounds"] == [1, 1], (point, key)
         assert len(entry["op_rounds"]) == len(entry["copy_rounds"]) == 2
         seen.add((*point, *key))
     expected = {(*p, *k) for p in ((1, False), (2, False), (2, True)) for k in expected_rows(*p)}

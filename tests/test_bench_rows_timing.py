@@ -93,7 +93,9 @@ def test_pooled_timings_read_every_round_of_every_pass() -> None:
     fast = Timing((1.0, 1.0, 1.0), (0.8, 0.8, 0.8), op_wall_rounds=(1.0,) * 3, page_faults=2)
     slow = Timing((2.0, 2.0, 2.0), (0.8, 0.8, 0.8), op_wall_rounds=(3.0,) * 3, faulted_rounds=1)
     pooled = Timing.pooled([fast, slow])
-    assert (pooled.rounds, pooled.placements) == (6, 2)
+    assert (pooled.rounds, pooled.placements, pooled.placement_rounds) == (6, 2, (3, 3))
+    again = Timing.pooled([pooled, Timing((4.0,), (0.8,))])
+    assert (again.placements, again.placement_rounds) == (3, (3, 3, 1))
     assert pooled.op_rounds == (1.0, 1.0, 1.0, 2.0, 2.0, 2.0)
     assert (pooled.ratio_low, pooled.ratio_high) == pytest.approx((0.4, 0.8))
     assert pooled.ratio == pytest.approx(0.8 / 1.5)  # the medians of all six rounds
@@ -118,8 +120,19 @@ def test_a_round_the_clock_did_not_see_pass_gives_a_ratio_not_an_error() -> None
     zero = entry("a", 4096, Timing((0.0, 1e-4, 1e-4), (5e-5, 5e-5, 5e-5)))
     doc = zero.to_json()
     assert doc["ratio_to_copy"] == pytest.approx(0.5)
+    assert (doc["placements"], doc["placement_rounds"]) == (1, [3])
     assert doc["ratio_to_copy_best"] == pytest.approx(5e-5 / CLOCK_FLOOR_S)
     assert doc["ratio_high"] == pytest.approx(5e-5 / CLOCK_FLOOR_S) and doc["noisy"] is True
+
+
+@pytest.mark.parametrize("placement_rounds", [(1, 1), (2, 2), (3, 0)])
+def test_placement_rounds_split_the_rounds_into_instances(
+    placement_rounds: tuple[int, ...],
+) -> None:
+    with pytest.raises(ValueError, match="do not split the 3 rounds"):
+        Timing((1.0,) * 3, (0.8,) * 3, placement_rounds=placement_rounds)
+    assert Timing((1.0,) * 3, (0.8,) * 3, placement_rounds=(2, 1)).placements == 2
+    assert Timing((1.0,) * 3, (0.8,) * 3).placements == 1
 
 
 def test_a_timing_needs_a_copy_round_for_every_op_round() -> None:

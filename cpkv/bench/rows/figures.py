@@ -87,6 +87,8 @@ class RowsEntry:
                 "seconds": t.seconds,
                 "copy_seconds": t.copy_seconds,
                 "rounds": t.rounds,
+                "placements": t.placements,
+                "placement_rounds": list(timing.pop("placement_rounds") or (t.rounds,)),
                 "best_seconds": t.best_seconds,
                 "copy_best_seconds": t.copy_best_seconds,
                 "wall_seconds": t.wall_seconds,

@@ -56,7 +56,8 @@ next run's figure fell inside the spread for 83-94 of the 96 entries at 128K ove
 pairs of runs on an AMD VM (89 before the pack's host work was cut, 77-90 with the
 row-by-row gathers, 65-86 over two passes), and for 84-93 on a Xeon VM (full runs and
 runs of the 128K points alone), whose large ops' rounds agree within 1-3% while its runs
-drift by about 1%; five rounds a pass held no better there."""
+drift by about 1%; five rounds a pass held no better there, nor nine passes (85-95 of
+96): the misses are the run's drift, which passes inside a run do not sample."""
 ROWS_REPEATS = 3
 """Least timed rounds of an op in one pass (a short op takes more: ``rounds``)."""
 

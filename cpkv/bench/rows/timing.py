@@ -58,8 +58,9 @@ class Timing:
     """The op's rounds on the wall clock (None on CUDA, where a round's wall time would need
     a host sync inside it)."""
     copy_wall_rounds: tuple[float, ...] | None = None
-    placements: int = 1
-    """Instances of the op's buffers the rounds were taken at (``pooled``)."""
+    placement_rounds: tuple[int, ...] = ()
+    """How many of the rounds, in order, were taken at each instance of the op's buffers
+    (``pooled``); empty when all were taken at one."""
     page_faults: int = 0
     """Minor page faults the op's timed calls took, all rounds together, set-aside rounds
     included (0: it ran on memory the allocator held, as on a device)."""
@@ -73,6 +74,13 @@ class Timing:
                 f"a timing needs as many copy rounds as op rounds, at least one; got "
                 f"{len(self.op_rounds)} op and {len(self.copy_rounds)} copy rounds"
             )
+        if self.placement_rounds and (
+            sum(self.placement_rounds) != len(self.op_rounds) or min(self.placement_rounds) < 1
+        ):
+            raise ValueError(
+                f"placement rounds {list(self.placement_rounds)} do not split the "
+                f"{len(self.op_rounds)} rounds into instances of at least one round each"
+            )
 
     @classmethod
     def pooled(cls, timings: Sequence[Timing]) -> Timing:
@@ -85,7 +93,7 @@ class Timing:
             copy_rounds=tuple(r for t in timings for r in t.copy_rounds),
             op_wall_rounds=_joined([t.op_wall_rounds for t in timings]),
             copy_wall_rounds=_joined([t.copy_wall_rounds for t in timings]),
-            placements=sum(t.placements for t in timings),
+            placement_rounds=tuple(n for t in timings for n in t.placement_rounds or (t.rounds,)),
             page_faults=sum(t.page_faults for t in timings),
             faulted_rounds=sum(t.faulted_rounds for t in timings),
         )
@@ -94,6 +102,11 @@ class Timing:
     def rounds(self) -> int:
         """Rounds the medians are over."""
         return len(self.op_rounds)
+
+    @property
+    def placements(self) -> int:
+        """Instances of the op's buffers the rounds were taken at."""
+        return len(self.placement_rounds) or 1
 
     @property
     def seconds(self) -> float:
