@@ -43,7 +43,8 @@ __all__ = ["SHADOW_TAG", "ShadowPlan", "ShadowedEngine", "run_shadowed"]
 SHADOW_TAG = "shadow"
 """Collective tag of every shadow run and verdict, so their bytes are counted apart."""
 
-_WHAT = ("", "outputs", "rows read", "rows written")
+_WHAT = ("", "outputs", "top-k", "rows read", "rows written")
+"""What a shadow verdict code names (``_verdict``)."""
 
 
 class ShadowedEngine(Protocol):
@@ -181,17 +182,21 @@ def _run(engine: ShadowedEngine, batch: ScheduledBatch, plan: ExecutionPlan, row
 
 
 def _verdict(cand: _Run, fallback: _Run) -> tuple[int, float]:
-    """(0 equal, 1 outputs, 2 rows read, 3 rows written; largest output difference)."""
+    """(0 equal, 1 outputs, 2 top-k, 3 rows read, 4 rows written: the index into ``_WHAT``;
+    largest output difference)."""
     a, b = cand.served.step, fallback.served.step
     diff = max(max_abs_diff(a.last_hidden, b.last_hidden), max_abs_diff(a.logits, b.logits))
-    if diff > OUTPUT_ATOL or not torch.equal(cand.topk, fallback.topk):
+    if diff > OUTPUT_ATOL:
         return 1, diff
+    if not torch.equal(cand.topk, fallback.topk):
+        # NOTE: keys picked differently with outputs within tolerance still differ.
+        return 2, diff
     if cand.served.host.attended == fallback.served.host.attended and not all(
         _same(x, y) for x, y in zip(cand.reads, fallback.reads, strict=True)
     ):
-        return 2, diff
-    if not all(_same(x, y) for x, y in zip(cand.written, fallback.written, strict=True)):
         return 3, diff
+    if not all(_same(x, y) for x, y in zip(cand.written, fallback.written, strict=True)):
+        return 4, diff
     return 0, diff
 
 
