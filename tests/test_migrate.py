@@ -233,14 +233,19 @@ def test_groups_options_as_sglangs_parser_reads_them() -> None:
     argv = [
         "--model-path", V32, "--tp", "8", "--cp-strat", "interleave", "--page-size=64",
         "--chunked-prefill-size", "-1", "--cuda-graph-bs-decode", "1", "2", "4",
-        "--enable-prefill-cp",
+        "--enable-prefill-cp", "--schedule-conservativeness", "-.5",
+        "--bucket-time-to-first-token", "-0.5", "-.25", "1.5", "--tp-size", "8",
     ]  # fmt: skip
     groups = group_arguments(argv)
     assert [g.dest for g in groups] == [
         "model_path", "tp_size", "cp_strategy", "page_size", "chunked_prefill_size",
-        "cuda_graph_bs_decode", "enable_prefill_cp",
+        "cuda_graph_bs_decode", "enable_prefill_cp", "schedule_conservativeness",
+        "bucket_time_to_first_token", "tp_size",
     ]  # fmt: skip
     assert groups[5].tokens == ("--cuda-graph-bs-decode", "1", "2", "4")
+    # NOTE: negative numbers, floats too, are values, as argparse reads them.
+    assert groups[7].tokens == ("--schedule-conservativeness", "-.5")
+    assert groups[8].tokens[1:] == ("-0.5", "-.25", "1.5")
     command = LaunchCommand.from_parts({"A": "x y"}, argv)
     env, again = command.env_dict, read_sglang(command.text)
     assert env == {"A": "x y"} and again.sglang.given["page_size"] == "--page-size"
