@@ -48,7 +48,8 @@ class ProblemCode(StrEnum):
     SGLANG_CP_STRATEGY_UNSET = "SGLANG_CP_STRATEGY_UNSET"
     """``--enable-prefill-cp`` without ``--cp-strategy``."""
     SGLANG_CP_STRATEGY_UNSUPPORTED = "SGLANG_CP_STRATEGY_UNSUPPORTED"
-    """The model does not run this CP strategy (DeepSeek-V3.2 with zigzag)."""
+    """The model does not run this CP strategy (DeepSeek-V3.2 with zigzag), or no prefill
+    CP at all (HYV4)."""
     SGLANG_CP_TP_ABOVE_8 = "SGLANG_CP_TP_ABOVE_8"
     """DSA prefill CP with ``--tp-size`` above 8 (one machine only)."""
     SGLANG_CP_ON_DECODE = "SGLANG_CP_ON_DECODE"
@@ -59,7 +60,8 @@ class ProblemCode(StrEnum):
     """``--moe-dp-size`` does not fit the TP, EP or CP sizes."""
     SGLANG_DCP = "SGLANG_DCP"
     """Decode context parallelism (``--dcp-size``) below 1, with prefill CP, with its
-    options but no DCP, or, for a DSA model, with PD, HiCache or EAGLE top-k above 1."""
+    options but no DCP, for a DSA model with PD, HiCache or EAGLE top-k above 1, or for
+    HYV4 at all."""
     SGLANG_CACHE = "SGLANG_CACHE"
     """Radix-cache options SGLang refuses together (HiCache without the radix cache)."""
     SGLANG_ATTENTION_BACKEND = "SGLANG_ATTENTION_BACKEND"
@@ -68,12 +70,20 @@ class ProblemCode(StrEnum):
     SGLANG_PD_TRANSFER_BACKEND = "SGLANG_PD_TRANSFER_BACKEND"
     """The PD transfer backend cannot serve this PD role."""
     SGLANG_DSA_KV_CACHE_DTYPE = "SGLANG_DSA_KV_CACHE_DTYPE"
-    """A DSA model with a KV-cache dtype other than bf16 or fp8_e4m3."""
+    """A DSA model with a KV-cache dtype other than bf16 or fp8_e4m3 (bf16 alone with
+    learnable attention sinks)."""
     SGLANG_DSA_BACKEND = "SGLANG_DSA_BACKEND"
     """A DSA attention kernel this platform or KV dtype does not run."""
     SGLANG_DSA_CACHE_LAYER_SPLIT = "SGLANG_DSA_CACHE_LAYER_SPLIT"
     """``--enable-dsa-cache-layer-split`` outside a PD prefill worker with interleave CP over
     Mooncake."""
+    SGLANG_LANGUAGE_MODEL_ONLY = "SGLANG_LANGUAGE_MODEL_ONLY"
+    """``--language-model-only`` with an encoder option, on a PD worker, or for a model
+    SGLang does not serve text-only."""
+    SGLANG_ENCODER_DISAGGREGATION = "SGLANG_ENCODER_DISAGGREGATION"
+    """An encoder-disaggregation role (``--encoder-only``, ``--language-only``) SGLang
+    refuses: both at once, an encoder under PD, or a model whose encoder it cannot serve
+    apart."""
     SGLANG_KV_SHARDING_PD_PREFILL_ONLY = "SGLANG_KV_SHARDING_PD_PREFILL_ONLY"
     """``--enable-kv-cache-sharding`` on anything but a PD prefill worker."""
     SGLANG_KV_SHARDING_DSA_CP = "SGLANG_KV_SHARDING_DSA_CP"

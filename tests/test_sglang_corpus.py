@@ -14,8 +14,10 @@ fields. A seed-series command carries the verdict of its 0.5.23 spelling too
 - ``sglang_corpus_b.jsonl``: launcher forms, ``--config`` YAML files
   (``tests/data/sglang_configs``), models read from a folder's ``config.json`` and MLA models
   without DSA, attention-backend page sizes, DCP, attention TP without prefill CP, SGLang's
-  boolean environment values, the chunk under attention DP, and ``mem_fraction_static`` as
-  SGLang derives it. Its ``resolved`` fields also hold the attention TP size, the DSA
+  boolean environment values, the chunk under attention DP, ``mem_fraction_static`` as
+  SGLang derives it (a VLM's vision reserve included), NextN drafts and other architectures
+  of the DeepSeek family, HYV4's sinks, HiSparse, encoder disaggregation and
+  ``--language-model-only``. Its ``resolved`` fields also hold the attention TP size, the DSA
   kernels, the chunk and the memory fraction;
 - ``sglang_corpus_random.jsonl``: 150 commands drawn at random from the options above and
   others (HiCache, two-batch overlap, speculative decoding, ``--nnodes``), kept to catch
@@ -42,7 +44,7 @@ CORPUS = [
     for name in ("sglang_corpus.jsonl", "sglang_corpus_b.jsonl", "sglang_corpus_random.jsonl")
     for line in (DATA / name).read_text().splitlines()
 ]
-UNSHARDABLE = ("Qwen/", "qwen3-finetune")
+UNSHARDABLE = ("Qwen/", "qwen3-finetune", "llava-llama")
 """Model paths of GQA models, which ``cpkv plan`` refuses in one sentence."""
 
 runner = CliRunner()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from flags import read_sglang
+from flags.sglang import encoder, model_rules
 from flags.sglang.kv_shard import (
     ATTENTION_BACKEND,
     DSA_CP,
@@ -87,6 +88,23 @@ CASES: list[tuple[SglangRule, str]] = [
     (FEATURE, "dsv32-kv-sharding-rust-tree"),
     (FEATURE, "dsv32-kv-sharding-lmcache"),
     (FEATURE, "env-staging-buffer-kv"),
+    (RULES["hyv4_prefill_cp"], "model-local-hyv4-cp"),
+    (RULES["hyv4_dcp"], "model-local-hyv4-dcp"),
+    (model_rules.SINK_BACKEND_RULE, "model-local-hyv4-decode-fa3"),
+    (model_rules.SINK_KV_DTYPE, "model-local-hyv4-fp8"),
+    (model_rules.TILELANG_HISPARSE, "dsa-hisparse-tilelang-fp8"),
+    (model_rules.TILELANG_DCP, "dsa-tilelang-fp8-dcp"),
+    (encoder.LANGUAGE_MODEL_ONLY_WITH, "epd-kimi-k25-lm-only-language-only"),
+    (encoder.LANGUAGE_MODEL_ONLY_WITH, "epd-qwen3-hub-lm-only"),
+    (encoder.LANGUAGE_MODEL_ONLY_PD, "epd-kimi-k25-lm-only-pd"),
+    (encoder.LANGUAGE_MODEL_ONLY_MODEL, "epd-dsv32-lm-only"),
+    (encoder.LANGUAGE_MODEL_ONLY_MODEL, "model-local-kimi-k25-lm-only"),
+    (encoder.PREFIX_MM_CACHE, "epd-kimi-k25-prefix-mm-cache"),
+    (encoder.BOTH_ROLES, "epd-kimi-k25-both-roles"),
+    (encoder.ENCODER_WITH_PD, "epd-kimi-k25-encoder-pd"),
+    (encoder.ENCODER_MODEL, "epd-qwen3-encoder-only"),
+    (encoder.ENCODER_MODEL, "epd-dsv32-language-only"),
+    (encoder.ENCODER_MODEL, "model-local-llava-llama-language-only"),
 ]
 """Every rule, with the corpus commands that break it."""
 
@@ -104,7 +122,8 @@ def test_the_rule_fires_with_its_text_and_file(rule: SglangRule, case: str) -> N
 
 def test_every_rule_has_a_case() -> None:
     covered = {id(rule) for rule, _ in CASES}
-    missing = [r.code for r in [*RULES.values(), *KV_RULES] if id(r) not in covered]
+    every = [*RULES.values(), *KV_RULES, *model_rules.MODEL_RULES, *encoder.ENCODER_RULES]
+    missing = [r.code for r in every if id(r) not in covered]
     assert not missing, missing
 
 

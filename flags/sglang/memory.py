@@ -7,7 +7,8 @@ model overrides, so it sees the command's own parallel sizes and MoE backend. It
 - the decode CUDA graph's ``max_bs`` when unset (256, or 512 at TP >= 4, on H100/H200),
   capped by ``--max-running-requests``;
 - ``mem_fraction_static`` when unset: ``round((gpu - reserve) / gpu, 3)`` with the reserve
-  in MiB of :func:`reserve_mib`.
+  in MiB of :func:`reserve_mib`, less a VLM's vision-tower share
+  (:func:`flags.sglang.multimodal.vlm_fraction`).
 
 The CUDA-graph configuration comes first (``cuda_graph_hook.py: parse_cuda_graph_config``,
 ``apply_cuda_graph_disaggregation_roles``): explicit JSON > per-phase flags > the legacy
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flags.sglang.environ import env_bool
+from flags.sglang.multimodal import Multimodal, vlm_fraction
 
 H200_MIB = 143771
 """An H200's memory as SGLang reads it (``nvidia-smi --query-gpu=memory.total``), in MiB."""
@@ -149,7 +151,11 @@ def prefill_graph_sizes(max_bs: int) -> list[int]:
 
 
 def memory_defaults(
-    values: Mapping[str, Any], env: Mapping[str, str], mla: bool, gpu_mib: float = H200_MIB
+    values: Mapping[str, Any],
+    env: Mapping[str, str],
+    mla: bool,
+    gpu_mib: float = H200_MIB,
+    vlm: Multimodal | None = None,
 ) -> MemoryDefaults:
     """What ``handle_gpu_memory_settings`` resolves, on a GPU of ``gpu_mib`` MiB.
 
@@ -158,6 +164,8 @@ def memory_defaults(
         env: the command's environment assignments.
         mla: the model's attention is MLA (``use_mla_backend``).
         gpu_mib: the GPU's memory in MiB.
+        vlm: the model's multimodal facts; a model served as a VLM keeps a smaller static
+            share (``adjust_mem_fraction_for_vlm``), not rounded again.
     """
     graphs = graph_config(values)
     chunk_default, bs_default = default_chunk_and_decode_bs(gpu_mib, values["tp_size"])
@@ -173,7 +181,11 @@ def memory_defaults(
         return MemoryDefaults(chunk, decode_bs, None, None)
     resolved = dict(values) | {"chunked_prefill_size": chunk}
     reserve = reserve_mib(resolved, env, mla, graphs, decode_bs, gpu_mib)
-    return MemoryDefaults(chunk, decode_bs, round((gpu_mib - reserve) / gpu_mib, 3), reserve)
+    fraction = round((gpu_mib - reserve) / gpu_mib, 3)
+    if vlm is not None and vlm.served_as_vlm(values):
+        post_capture = _post_capture_sizing(resolved, env, mla, graphs)
+        fraction = vlm_fraction(fraction, vlm.tower, post_capture, gpu_mib)
+    return MemoryDefaults(chunk, decode_bs, fraction, reserve)
 
 
 def reserve_mib(

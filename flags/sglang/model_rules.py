@@ -9,11 +9,48 @@ decides the page size its kernels need (``attention_hook.py``).
 
 from __future__ import annotations
 
-from flags.sglang.models import SglangModel
-from flags.sglang.rules import DEEPSEEK_OVERRIDES, OVERRIDE_BASE, OVERRIDES, Resolving
+from flags.checks import ProblemCode
+from flags.sglang.models import HYV4, MODEL_HOOK_FAMILY, SglangModel
+from flags.sglang.rules import (
+    DEEPSEEK_OVERRIDES,
+    OVERRIDE_BASE,
+    OVERRIDES,
+    Resolving,
+    SglangRule,
+)
 
 DSA_PAGE = 64
 """Tokens per page of a DSA model on CUDA, times its ``index_kpool``."""
+SINK_BACKEND = "flashmla_sparse"
+"""The one DSA kernel that runs learnable attention sinks."""
+
+C = ProblemCode
+SINK_BACKEND_RULE = SglangRule(
+    C.SGLANG_DSA_BACKEND,
+    OVERRIDES,
+    "This model uses learnable attention sinks and requires the flashmla_sparse DSA backends.",
+    "leave --dsa-prefill-backend and --dsa-decode-backend unset",
+)
+TILELANG_HISPARSE = SglangRule(
+    C.SGLANG_DSA_BACKEND,
+    OVERRIDES,
+    "CUDA TileLang FP8 KV does not support HiSparse.",
+    "pick flashmla_kv, or drop --enable-hisparse",
+)
+TILELANG_DCP = SglangRule(
+    C.SGLANG_DSA_BACKEND,
+    OVERRIDES,
+    "CUDA TileLang FP8 KV does not support --dcp-size > 1.",
+    "pick flashmla_kv, or drop --dcp-size",
+)
+SINK_KV_DTYPE = SglangRule(
+    C.SGLANG_DSA_KV_CACHE_DTYPE,
+    OVERRIDES,
+    "Learnable DSA attention sinks require a bfloat16 KV cache.",
+    "use --kv-cache-dtype bfloat16",
+)
+MODEL_RULES = (SINK_BACKEND_RULE, SINK_KV_DTYPE, TILELANG_HISPARSE, TILELANG_DCP)
+"""The model rules kept here rather than in :data:`flags.sglang.rules.RULES`."""
 
 
 def model_rules(state: Resolving) -> None:
@@ -29,6 +66,10 @@ def model_rules(state: Resolving) -> None:
         return
     if state["enable_dsa_cache_layer_split"] and not model.dsa:
         state.refuse("dsa_layer_split_not_dsa", enable_dsa_cache_layer_split=True)
+    if not model.deepseek_family:
+        return
+    if model.architecture in HYV4:
+        _hyv4(state)
     if model.dsa:
         _dsa_rules(state, model)
     elif model.mla and state["enable_prefill_cp"]:
@@ -36,7 +77,8 @@ def model_rules(state: Resolving) -> None:
 
 
 def _dsa_rules(state: Resolving, model: SglangModel) -> None:
-    """DeepSeek-V3.2 and GLM-5 (model_overrides/deepseek_v2.py, model_hook.py, overrides.py)."""
+    """DeepSeek-V3.2 and GLM-5 (model_overrides/deepseek_v2.py, model_hook.py, overrides.py);
+    ``model_hook.py``'s own checks list one architecture fewer (:data:`MODEL_HOOK_FAMILY`)."""
     _dsa_dcp(state, model)
     if all(
         state[b] is None
@@ -48,11 +90,20 @@ def _dsa_rules(state: Resolving, model: SglangModel) -> None:
     if state["enable_prefill_cp"]:
         _dsa_cp(state)
     state.declare(DEEPSEEK_OVERRIDES, page_size=DSA_PAGE * model.index_kpool)
-    if state["enable_prefill_cp"] and state["disaggregation_mode"] == "decode":
-        state.refuse("cp_on_decode", disaggregation_mode="decode")
-    _dsa_layer_split(state)
-    _dsa_kv_cache_dtype(state)
-    _dsa_backends(state)
+    if model.architecture in MODEL_HOOK_FAMILY:
+        if state["enable_prefill_cp"] and state["disaggregation_mode"] == "decode":
+            state.refuse("cp_on_decode", disaggregation_mode="decode")
+        _dsa_layer_split(state)
+    _dsa_kv_cache_dtype(state, model)
+    _dsa_backends(state, model)
+
+
+def _hyv4(state: Resolving) -> None:
+    """HYV4's attention has neither prefill CP nor DCP (deepseek_v2.py)."""
+    if state["enable_prefill_cp"]:
+        state.refuse("hyv4_prefill_cp", enable_prefill_cp=True)
+    if state["dcp_size"] > 1:
+        state.refuse("hyv4_dcp", dcp_size=state["dcp_size"])
 
 
 def _dsa_cp(state: Resolving) -> None:
@@ -108,9 +159,12 @@ def _dsa_layer_split(state: Resolving) -> None:
         )
 
 
-def _dsa_kv_cache_dtype(state: Resolving) -> None:
-    """``auto`` is bfloat16 below Blackwell; only bf16 and fp8_e4m3 (overrides.py)."""
+def _dsa_kv_cache_dtype(state: Resolving, model: SglangModel) -> None:
+    """``auto`` is bfloat16 below Blackwell; only bf16 and fp8_e4m3, and bfloat16 alone for a
+    model with learnable sinks (overrides.py)."""
     dtype = state["kv_cache_dtype"]
+    if model.learnable_sink and dtype not in ("auto", "bf16", "bfloat16"):
+        state.add(SINK_KV_DTYPE.problem(kv_cache_dtype=dtype))
     resolved = "bfloat16" if dtype in ("auto", "bf16") else dtype
     if resolved not in ("bfloat16", "fp8_e4m3"):
         state.refuse("dsa_kv_dtype", kv_cache_dtype=dtype)
@@ -118,23 +172,48 @@ def _dsa_kv_cache_dtype(state: Resolving) -> None:
         state.declare(OVERRIDES, kv_cache_dtype=resolved)
 
 
-def _dsa_backends(state: Resolving) -> None:
-    """Hopper's DSA kernels: flashmla_kv for fp8 KV, else flashmla_sparse / fa3
-    (overrides.py: _dsa_split_backend_resolution)."""
+def _dsa_backends(state: Resolving, model: SglangModel) -> None:
+    """Hopper's DSA kernels: flashmla_sparse for a model with learnable sinks, HiSparse's
+    own, flashmla_kv for fp8 KV, else flashmla_sparse / fa3 (overrides.py:
+    ``_dsa_split_backend_resolution``)."""
     fp8 = state["kv_cache_dtype"] == "fp8_e4m3"
-    defaults = ("flashmla_kv", "flashmla_kv") if fp8 else ("flashmla_sparse", "fa3")
+    if model.learnable_sink:
+        _sink_backends(state)
+        return
+    if state["enable_hisparse"]:
+        sparse = "flashmla_kv" if fp8 else "flashmla_sparse"
+        defaults = (sparse, sparse)
+    else:
+        defaults = ("flashmla_kv", "flashmla_kv") if fp8 else ("flashmla_sparse", "fa3")
     for dest, default in zip(("dsa_prefill_backend", "dsa_decode_backend"), defaults, strict=True):
         if state[dest] is None:
             state.declare(OVERRIDES, **{dest: default})
     prefill, decode = state["dsa_prefill_backend"], state["dsa_decode_backend"]
+    if state["enable_hisparse"] and fp8 and "tilelang" in (prefill, decode):
+        state.add(TILELANG_HISPARSE.problem(enable_hisparse=True, kv_cache_dtype="fp8_e4m3"))
+        return
     if "triton" in (prefill, decode):
         state.refuse(
             "dsa_backend_rocm_only", dsa_prefill_backend=prefill, dsa_decode_backend=decode
         )
-    if fp8 and "tilelang" in (prefill, decode) and prefill != decode:
+    if not fp8 or "tilelang" not in (prefill, decode):
+        return
+    if prefill != decode:
         state.refuse(
             "dsa_backend_tilelang_fp8", dsa_prefill_backend=prefill, dsa_decode_backend=decode
         )
+    elif state["dcp_size"] > 1:
+        state.add(TILELANG_DCP.problem(dsa_prefill_backend=prefill, dcp_size=state["dcp_size"]))
+
+
+def _sink_backends(state: Resolving) -> None:
+    """Learnable attention sinks run on flashmla_sparse only, given or not."""
+    for dest in ("dsa_prefill_backend", "dsa_decode_backend"):
+        given = state[dest]
+        if given is None:
+            state.declare(OVERRIDES, **{dest: SINK_BACKEND})
+        elif given != SINK_BACKEND:
+            state.add(SINK_BACKEND_RULE.problem(**{dest: given}))
 
 
 def _dsa_dcp(state: Resolving, model: SglangModel) -> None:

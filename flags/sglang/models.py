@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flags.model import FlagError
+from flags.sglang.multimodal import Multimodal, multimodal, text_config
 
 MLA_ARCHITECTURES = frozenset(
     {
@@ -23,34 +24,96 @@ MLA_ARCHITECTURES = frozenset(
         "DeepseekV3ForCausalLM",
         "DeepseekV3ForCausalLMNextN",
         "DeepseekV32ForCausalLM",
+        "Eagle3DeepseekV2ForCausalLM",
         "Glm4MoeLiteForCausalLM",
+        "Glm4MoeLiteForCausalLMNextN",
         "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
         "Glm5NextForConditionalGeneration",
+        "Glm5NextForConditionalGenerationNextN",
         "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
         "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+        "DotsVLMForCausalLM",
         "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
         "MistralLarge3ForCausalLM",
+        "MistralLarge3ForCausalLMEagle",
         "KimiK25ForConditionalGeneration",
         "GigaChat35ForCausalLM",
+        "GigaChat35ForCausalLMNextN",
         "MiniCPM3ForCausalLM",
         "KimiVLForConditionalGeneration",
+        "KimiLinearForCausalLM",
+        "KimiK3LinearForCausalLM",
+        "KimiK3ForConditionalGeneration",
+        "BailingMoeV2_5ForCausalLM",
+        "BailingMoeV3ForCausalLM",
+        "BailingMoeV3VLForConditionalGeneration",
         "SarvamMLAForCausalLM",
     }
 )
-"""Architectures SGLang runs with MLA attention (``ModelConfig``'s ``AttentionArch.MLA``)."""
+"""Architectures SGLang runs with MLA attention (``ModelConfig``'s ``AttentionArch.MLA``),
+any of a config's ``architectures`` counting."""
+MLA_WITH_TEXT_KV_LORA = frozenset({"PixtralForConditionalGeneration", "BailingMoeForCausalLMNextN"})
+"""MLA only when the language model's config has ``kv_lora_rank`` (a Mistral Large 3
+checkpoint, an MLA Bailing draft)."""
+MLA_UNLESS_TEXT_OPTS_OUT = "DeepseekVL2ForCausalLM"
+"""MLA unless the language model's config sets ``use_mla`` false."""
 DSA_ARCHITECTURES = frozenset(
     {
         "DeepseekV3ForCausalLM",
         "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
         "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
         "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "Glm5NextForConditionalGenerationNextN",
         "Glm5NextForConditionalGeneration",
         "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
         "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
         "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
     }
 )
-"""Architectures ``is_deepseek_dsa`` accepts when the config has ``index_topk``."""
+"""``architectures[0]`` that ``is_deepseek_dsa`` accepts when the config has ``index_topk``."""
+DEEPSEEK_FAMILY = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "KimiK25ForConditionalGeneration",
+        "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
+        "GlmMoeDsaForCausalLM",
+        "Glm5NextForConditionalGeneration",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "Dots3NoteForCausalLM",
+    }
+)
+"""``architectures[0]`` that SGLang's DeepSeek model rules run for
+(``model_overrides/deepseek_v2.py: _deepseek_family_overrides``, ``overrides.py:
+_DEEPSEEK_FAMILY_ARCHS``): a draft architecture (``DeepseekV3ForCausalLMNextN``) served as
+the main model keeps SGLang's generic defaults, DSA or not."""
+MODEL_HOOK_FAMILY = DEEPSEEK_FAMILY - {"LongcatFlashForCausalLMNextN"}
+"""The same family as ``model_hook.py``'s DSA checks list it (CP on a decode worker, the
+DSA cache layer split): one architecture short."""
+HYV4 = frozenset({"HYV4ForCausalLM", "HYV4ForCausalLMNextN"})
+"""Architectures whose attention has neither prefill CP nor DCP (``deepseek_v2.py``)."""
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "hy_v4": {"index_topk": 2048, "learnable_sink": True},
+}
+"""Fields a config class fills in when the ``config.json`` leaves them out, by
+``model_type``, where SGLang's rules read them: ``HYV4Config`` (``configs/hy_v4.py``)."""
+TEXT_MIRRORING_MODEL_TYPES = frozenset({"glm5_next"})
+"""Config classes that copy their ``text_config``'s DSA fields to the top level
+(``configs/glm5_next.py``), where ``is_deepseek_dsa`` reads them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +126,8 @@ class SglangModel:
     """A DeepSeek sparse-attention model (``configs/model_config.py: is_deepseek_dsa``)."""
     mla: bool = True
     """MLA attention."""
+    deepseek_family: bool = True
+    """SGLang's DeepSeek model rules run for it (:data:`DEEPSEEK_FAMILY`)."""
     index_kpool: int = 1
     """Index keys pooled per group (``get_dsa_index_kpool``; 1 means none)."""
     index_kpool_compress: bool = False
@@ -71,6 +136,11 @@ class SglangModel:
     """``num_nextn_predict_layers``: MTP draft layers shipped with the checkpoint."""
     kv_heads: int | None = None
     """``num_key_value_heads`` of a GQA model (its per-head K and V)."""
+    multimodal: Multimodal | None = None
+    """What SGLang reads of it as a possible VLM; None for a model known by name."""
+    learnable_sink: bool = False
+    """Its attention has learnable sinks, which only the ``flashmla_sparse`` DSA kernel runs,
+    on bfloat16 KV (``learnable_sink`` of the top-level config, ``overrides.py``)."""
     config_path: str | None = None
     """The ``config.json`` read; None for a model known by name."""
     config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
@@ -96,7 +166,10 @@ their model, first match wins: ``DeepSeek-V3.2-Exp``, ``GLM-5-FP8``, ``DeepSeek-
 GQA = SglangModel("(a GQA model)", dsa=False, mla=False)
 """A grouped-query attention model: no model rule of SGLang's touches its CP or page size."""
 GQA_FAMILIES = ("qwen2", "qwen3-", "llama", "meta-llama", "mistral")
-"""Name prefixes of GQA model families (hybrid ``-next`` models excepted)."""
+"""Name prefixes of GQA model families (:data:`NOT_TEXT_GQA` excepted)."""
+NOT_TEXT_GQA = ("next", "-vl", "omni", "audio")
+"""Name parts of the families' hybrid and multimodal models (``Qwen3-Next``, ``Qwen2.5-VL``),
+whose model rules and memory SGLang decides from their configs."""
 
 MODELS_BY_PRESET: dict[str, SglangModel] = {
     "deepseek-v3.2": DEEPSEEK_V32,
@@ -125,7 +198,7 @@ def sglang_model(model_path: str | None, preset: str | None = None) -> SglangMod
     for prefix, model in MODEL_FAMILIES:
         if name.startswith(prefix):
             return model
-    if name.startswith(GQA_FAMILIES) and "next" not in name:
+    if name.startswith(GQA_FAMILIES) and not any(part in name for part in NOT_TEXT_GQA):
         return GQA
     return None
 
@@ -156,20 +229,47 @@ def model_from_folder(folder: Path) -> SglangModel:
 
 def model_from_config(config: Mapping[str, Any], path: str) -> SglangModel:
     """The facts SGLang's rules read from a ``config.json`` mapping."""
-    architecture = str(config["architectures"][0])
-    text = config.get("text_config") if "kv_lora_rank" not in config else None
-    fields = text if isinstance(text, Mapping) else config
-    mla = architecture in MLA_ARCHITECTURES
-    dsa = architecture in DSA_ARCHITECTURES and fields.get("index_topk") is not None
-    kv_heads = fields.get("num_key_value_heads")
+    architectures = [str(a) for a in config["architectures"]]
+    architecture = architectures[0]
+    text = text_config(config)
+    defaults = CLASS_DEFAULTS.get(str(config.get("model_type")), {})
+    if text is config:
+        text = {**defaults, **config}
+    config_fields = {**defaults, **config}
+    mla = _mla(architectures, text)
+    dsa_fields = _dsa_fields(config_fields, text)
+    dsa = architecture in DSA_ARCHITECTURES and dsa_fields.get("index_topk") is not None
+    kv_heads = text.get("num_key_value_heads")
     return SglangModel(
         architecture,
         dsa=dsa,
         mla=mla,
-        index_kpool=int(fields.get("index_kpool", 1)),
-        index_kpool_compress=bool(fields.get("index_kpool_compress", False)),
-        nextn_layers=int(fields.get("num_nextn_predict_layers", 0) or 0),
+        deepseek_family=architecture in DEEPSEEK_FAMILY,
+        index_kpool=int(dsa_fields.get("index_kpool", 1)),
+        index_kpool_compress=bool(dsa_fields.get("index_kpool_compress", False)),
+        nextn_layers=int(text.get("num_nextn_predict_layers", 0) or 0),
         kv_heads=None if mla or not isinstance(kv_heads, int) else kv_heads,
+        multimodal=multimodal(config),
+        learnable_sink=bool(config_fields.get("learnable_sink", False)),
         config_path=path,
         config=config,
     )
+
+
+def _mla(architectures: list[str], text: Mapping[str, Any]) -> bool:
+    """``ModelConfig``'s attention architecture is MLA."""
+    if any(a in MLA_ARCHITECTURES for a in architectures):
+        return True
+    if text.get("kv_lora_rank") is not None and any(
+        a in MLA_WITH_TEXT_KV_LORA for a in architectures
+    ):
+        return True
+    return MLA_UNLESS_TEXT_OPTS_OUT in architectures and bool(text.get("use_mla", True))
+
+
+def _dsa_fields(config: Mapping[str, Any], text: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Where ``is_deepseek_dsa`` and ``get_dsa_index_kpool`` read: the top-level config,
+    which a mirroring config class fills from its ``text_config``."""
+    if config.get("model_type") in TEXT_MIRRORING_MODEL_TYPES:
+        return {**config, **text}
+    return config

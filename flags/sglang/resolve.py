@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flags.checks import Problem, ProblemCode
+from flags.sglang.encoder import check_encoder_disaggregation
 from flags.sglang.kv_shard import check_kv_cache_sharding
 from flags.sglang.memory import H200_MIB, MemoryDefaults, memory_defaults
 from flags.sglang.model_rules import attention_backend, model_rules
@@ -18,6 +19,7 @@ from flags.sglang.models import SglangModel
 from flags.sglang.parser import ParsedArgs
 from flags.sglang.rules import (
     MEMORY_HOOK,
+    MODEL_HOOK,
     OVERRIDES,
     PARALLEL_HOOK,
     PD_HOOK,
@@ -92,6 +94,8 @@ def resolve_sglang(
         check_kv_cache_sharding,
         _a2a_ep_size,
         _cache_compatibility,
+        check_encoder_disaggregation,
+        _model_capability,
     ):
         step(state)
     return SglangResolution(
@@ -170,7 +174,8 @@ def _gpu_memory(state: Resolving) -> None:
     it reads the command's own sizes and MoE backend)."""
     if state.model is None:
         return
-    defaults = memory_defaults(state.values, state.env, state.model.mla, state.gpu_mib)
+    model = state.model
+    defaults = memory_defaults(state.values, state.env, model.mla, state.gpu_mib, model.multimodal)
     state.memory = defaults
     if state["chunked_prefill_size"] is None:
         state.declare(MEMORY_HOOK, chunked_prefill_size=defaults.chunked_prefill_size)
@@ -222,6 +227,14 @@ def _page_size_default(state: Resolving) -> None:
     """No ``--page-size`` and no model rule: one token a page on CUDA (overrides.py)."""
     if state["page_size"] is None:
         state.declare(OVERRIDES, page_size=1)
+
+
+def _model_capability(state: Resolving) -> None:
+    """model_hook.py: handle_model_capability_adjustments, late in the pipeline: a VLM
+    that cannot chunk its prefill runs without chunked prefill."""
+    vlm = state.model.multimodal if state.model is not None else None
+    if vlm is not None and not vlm.chunked_prefill and vlm.is_multimodal(state.values):
+        state.declare(MODEL_HOOK, chunked_prefill_size=-1)
 
 
 def _cache_compatibility(state: Resolving) -> None:

@@ -91,6 +91,18 @@ RULES: dict[str, SglangRule] = {
         "DeepSeek V3.2 prefill CP does not support --cp-strategy zigzag; use interleave.",
         "use --cp-strategy interleave",
     ),
+    "hyv4_prefill_cp": _rule(
+        C.SGLANG_CP_STRATEGY_UNSUPPORTED,
+        DEEPSEEK_OVERRIDES,
+        "--enable-prefill-cp is not supported for HYV4.",
+        "drop --enable-prefill-cp",
+    ),
+    "hyv4_dcp": _rule(
+        C.SGLANG_DCP,
+        DEEPSEEK_OVERRIDES,
+        "--dcp-size > 1 is not supported for HYV4.",
+        "drop --dcp-size",
+    ),
     "cp_tp_above_8": _rule(
         C.SGLANG_CP_TP_ABOVE_8,
         DEEPSEEK_OVERRIDES,
