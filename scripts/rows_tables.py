@@ -1,8 +1,12 @@
 """The tables of docs/real-rows.md from ``cpkv bench --rows MODEL --json`` documents: the ops
-at the longest history (one run, or two side by side: e.g. an idle run and one next to
-``yes > /dev/null``), the chunk projection and slot against unique, as Markdown.
+at the longest history (one run, or several side by side: e.g. an idle run, one next to
+``yes > /dev/null`` and a second idle run), how the second run's figures sit in the first's
+spreads, with three runs or more the same for every ordered pair (the idle pair is the
+yardstick the busy pairs are read against), the chunk projection and slot against unique,
+as Markdown.
 
-    .venv/bin/python scripts/rows_tables.py rows-idle.json rows-busy.json > tables.md
+    .venv/bin/python scripts/rows_tables.py idle.json busy.json idle-again.json \
+        --names idle,busy,"idle again" > tables.md
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import argparse
 import json
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 MIB = 1 << 20
@@ -71,31 +76,79 @@ def ops_table(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True, slots=True)
+class Agreement:
+    """How a second run's entries at the longest history sit against a first run's."""
+
+    longest: int
+    keys: list[tuple[Any, ...]]
+    inside: list[tuple[Any, ...]]
+    """Entries whose second ratio lies inside the first run's spread."""
+    overlap: int
+    """Entries whose two spreads overlap."""
+    moves: dict[tuple[Any, ...], float]
+    """Each entry's second ratio over its first, less one."""
+
+
+def compare(first: dict[str, Any], second: dict[str, Any]) -> Agreement:
+    """The second run's entries at the longest history against the first's spreads."""
+    longest = max(e["history"] for e in first["real_rows"])
+    a, b = _keyed(first), _keyed(second)
+    keys = [k for k in a if k[3] == longest and k in b]
+    return Agreement(
+        longest=longest,
+        keys=keys,
+        inside=[k for k in keys if a[k]["ratio_low"] <= b[k]["ratio_to_copy"] <= a[k]["ratio_high"]],
+        overlap=sum(
+            b[k]["ratio_low"] <= a[k]["ratio_high"] and a[k]["ratio_low"] <= b[k]["ratio_high"]
+            for k in keys
+        ),
+        moves={k: b[k]["ratio_to_copy"] / a[k]["ratio_to_copy"] - 1 for k in keys},
+    )
+
+
 def agreement(idle: dict[str, Any], busy: dict[str, Any]) -> str:
     """How the second run's entries at the longest history sit against the first's."""
-    longest = max(e["history"] for e in idle["real_rows"])
+    got = compare(idle, busy)
     a, b = _keyed(idle), _keyed(busy)
-    keys = [k for k in a if k[3] == longest and k in b]
-    inside = sum(a[k]["ratio_low"] <= b[k]["ratio_to_copy"] <= a[k]["ratio_high"] for k in keys)
-    overlap = sum(
-        b[k]["ratio_low"] <= a[k]["ratio_high"] and a[k]["ratio_low"] <= b[k]["ratio_high"]
-        for k in keys
-    )
-    shifts = [b[k]["ratio_to_copy"] / a[k]["ratio_to_copy"] - 1 for k in keys]
-    worst = max(keys, key=lambda k: abs(b[k]["ratio_to_copy"] / a[k]["ratio_to_copy"] - 1))
+    worst = max(got.keys, key=lambda k: abs(got.moves[k]))
     outside = [
         f"{_name(k)}: {b[k]['ratio_to_copy']:.2f} against {a[k]['ratio_low']:.2f}-"
         f"{a[k]['ratio_high']:.2f}"
-        for k in keys
-        if not a[k]["ratio_low"] <= b[k]["ratio_to_copy"] <= a[k]["ratio_high"]
+        for k in got.keys
+        if k not in got.inside
     ]
     return (
-        f"{len(keys)} entries at {longest}: {inside} with the second run's ratio inside the "
-        f"first's spread, {overlap} whose spreads overlap; the ratio moved by "
-        f"{statistics.median(abs(s) for s in shifts):.1%} (median), at most "
-        f"{max(abs(s) for s in shifts):.1%} ({_name(worst)}: {a[worst]['ratio_to_copy']:.2f} "
+        f"{len(got.keys)} entries at {got.longest}: {len(got.inside)} with the second run's "
+        f"ratio inside the first's spread, {got.overlap} whose spreads overlap; the ratio moved "
+        f"by {statistics.median(abs(s) for s in got.moves.values()):.1%} (median), at most "
+        f"{abs(got.moves[worst]):.1%} ({_name(worst)}: {a[worst]['ratio_to_copy']:.2f} "
         f"-> {b[worst]['ratio_to_copy']:.2f}). Outside: {'; '.join(outside) or 'none'}"
     )
+
+
+def agreement_table(docs: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
+    """Every ordered pair of runs: how many of one run's figures at the longest history lie
+    inside the other's spreads, how many spreads overlap, and how far the figures moved. A
+    pair of idle runs is the yardstick a pair of an idle and a busy run is read against."""
+    head = ["spreads of", "figures of", "inside", "spreads overlap", "moved (median)", "at most"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for i, first in enumerate(docs):
+        for j, second in enumerate(docs):
+            if i == j:
+                continue
+            got = compare(first, second)
+            moves = [abs(m) for m in got.moves.values()]
+            cells = [
+                names[i],
+                names[j],
+                f"{len(got.inside)} of {len(got.keys)}",
+                f"{got.overlap} of {len(got.keys)}",
+                f"{statistics.median(moves):.1%}",
+                f"{max(moves):.1%}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _name(key: tuple[Any, ...]) -> str:
@@ -184,6 +237,8 @@ def main() -> None:
     print(ops_table(docs, names), end="\n\n")
     if len(docs) > 1:
         print(agreement(docs[0], docs[1]), end="\n\n")
+    if len(docs) > 2:
+        print(agreement_table(docs, names), end="\n\n")
     print(projection_table(docs[0]), end="\n\n")
     print(remap_table(docs[0]))
 
