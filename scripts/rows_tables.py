@@ -95,10 +95,11 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> Agreement:
     longest = max(e["history"] for e in first["real_rows"])
     a, b = _keyed(first), _keyed(second)
     keys = [k for k in a if k[3] == longest and k in b]
+    inside = [k for k in keys if a[k]["ratio_low"] <= b[k]["ratio_to_copy"] <= a[k]["ratio_high"]]
     return Agreement(
         longest=longest,
         keys=keys,
-        inside=[k for k in keys if a[k]["ratio_low"] <= b[k]["ratio_to_copy"] <= a[k]["ratio_high"]],
+        inside=inside,
         overlap=sum(
             b[k]["ratio_low"] <= a[k]["ratio_high"] and a[k]["ratio_low"] <= b[k]["ratio_high"]
             for k in keys
