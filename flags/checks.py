@@ -84,6 +84,18 @@ class ProblemCode(StrEnum):
     """An encoder-disaggregation role (``--encoder-only``, ``--language-only``) SGLang
     refuses: both at once, an encoder under PD, or a model whose encoder it cannot serve
     apart."""
+    SGLANG_QUANTIZATION = "SGLANG_QUANTIZATION"
+    """A ``--quantization`` the checkpoint's own method does not allow, or one this
+    platform does not run (``nvfp4_online`` below Blackwell)."""
+    SGLANG_MODEL_CONFIG = "SGLANG_MODEL_CONFIG"
+    """The command does not fit its checkpoint's config: a ``--context-length`` above the
+    config's, a DSA config without ``index_head_dim``, two-batch overlap with DSA top-k
+    sharing."""
+    SGLANG_EXPERT_PARALLEL = "SGLANG_EXPERT_PARALLEL"
+    """EPLB without expert parallelism, or a per-rank expert dispatch without an MoE
+    all-to-all backend."""
+    SGLANG_LM_HEAD = "SGLANG_LM_HEAD"
+    """A DP or TP-all-to-all LM head without the attention-DP layout it needs."""
     SGLANG_KV_SHARDING_PD_PREFILL_ONLY = "SGLANG_KV_SHARDING_PD_PREFILL_ONLY"
     """``--enable-kv-cache-sharding`` on anything but a PD prefill worker."""
     SGLANG_KV_SHARDING_DSA_CP = "SGLANG_KV_SHARDING_DSA_CP"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from flags import read_sglang
-from flags.sglang import encoder, model_rules
+from flags.sglang import encoder, experts, model_config, model_rules
 from flags.sglang.kv_shard import (
     ATTENTION_BACKEND,
     DSA_CP,
@@ -105,6 +105,26 @@ CASES: list[tuple[SglangRule, str]] = [
     (encoder.ENCODER_MODEL, "epd-qwen3-encoder-only"),
     (encoder.ENCODER_MODEL, "epd-dsv32-language-only"),
     (encoder.ENCODER_MODEL, "model-local-llava-llama-language-only"),
+    (experts.EPLB_WITHOUT_EP, "eplb-without-ep"),
+    (experts.DISPATCH_WITHOUT_A2A, "ep-dispatch-static-without-a2a"),
+    (experts.DP_LM_HEAD_WITHOUT_ATTN_DP, "dp-lm-head-with-replicas"),
+    (experts.TP_LM_HEAD_A2A_WITHOUT_ATTN_DP, "tp-lm-head-a2a-without-attn-dp"),
+    (experts.TP_LM_HEAD_A2A_WITH_DP_LM_HEAD, "tp-lm-head-a2a-with-dp-lm-head"),
+    (experts.TP_LM_HEAD_A2A_LAYOUT, "tp-lm-head-a2a-attn-dp-below-tp"),
+    (model_config.QUANTIZATION, "quant-fp8-checkpoint-w4afp8"),
+    (model_config.QUANTIZATION, "quant-fp8-checkpoint-modelopt-fp8"),
+    (model_config.QUANTIZATION, "quant-folder-fp8-w8a8"),
+    (model_config.QUANTIZATION, "quant-override-config-fp8"),
+    (model_config.CONTEXT_LENGTH, "context-above-derived"),
+    (model_config.CONTEXT_LENGTH, "context-above-env-on-ignored"),
+    (model_config.CONTEXT_LENGTH, "context-kimi-k25-text-config"),
+    (model_config.DSA_INDEX_HEAD_DIM, "override-index-topk-dsv3-folder"),
+    (model_config.DSA_INDEX_HEAD_DIM, "override-index-topk-dsv3-name"),
+    (model_config.TBO_INDEX_SHARING, "tbo-hyv4-index-sharing"),
+    (model_config.NVFP4_ONLINE_BLACKWELL, "quant-nvfp4-online-hopper"),
+    (model_config.UNKNOWN_QUANTIZATION, "quant-gptq-unknown-on-cuda"),
+    (model_config.OVERRIDES_NOT_AN_OBJECT, "override-not-json"),
+    (model_config.OVERRIDES_NOT_AN_OBJECT, "override-json-list"),
 ]
 """Every rule, with the corpus commands that break it."""
 
@@ -122,7 +142,14 @@ def test_the_rule_fires_with_its_text_and_file(rule: SglangRule, case: str) -> N
 
 def test_every_rule_has_a_case() -> None:
     covered = {id(rule) for rule, _ in CASES}
-    every = [*RULES.values(), *KV_RULES, *model_rules.MODEL_RULES, *encoder.ENCODER_RULES]
+    every = [
+        *RULES.values(),
+        *KV_RULES,
+        *model_rules.MODEL_RULES,
+        *encoder.ENCODER_RULES,
+        *model_config.MODEL_CONFIG_RULES,
+        *experts.EXPERT_RULES,
+    ]
     missing = [r.code for r in every if id(r) not in covered]
     assert not missing, missing
 

@@ -21,6 +21,7 @@ from cpkv_core.config import CpMode
 from cpkv_core.mla_presets import PLAN_PRESETS
 from flags.checks import Problem
 from flags.model import FLAG_SPECS, FlagError, FlagSet, field_type
+from flags.sglang.checkpoint import model_overrides
 from flags.sglang.launcher import split_launch
 from flags.sglang.memory import H200_MIB
 from flags.sglang.models import sglang_model
@@ -81,8 +82,10 @@ RULE_ENV = (
     "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND",
     "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING",
     "SGLANG_MOONCAKE_CUSTOM_MEM_POOL",
+    "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN",
+    "SGLANG_IS_IN_CI",
 )
-"""Environment variables SGLang's KV-sharding and PD rules read."""
+"""Environment variables SGLang's KV-sharding, PD and context-length rules read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +170,8 @@ def read_sglang(args: str, preset: str | None = None, gpu_mib: float = H200_MIB)
     translated = translate_seed(list(launch.argv))
     merged = merge_config(translated.argv)
     parsed = _config_provenance(parse_sglang_argv(merged.argv, merged.config_options), merged)
-    model = sglang_model(parsed.values["model_path"], preset)
+    overrides = model_overrides(parsed.values.get("json_model_override_args")) or {}
+    model = sglang_model(parsed.values["model_path"], preset, overrides)
     rule_env = {k: env[k] for k in RULE_ENV if k in env}
     resolution = resolve_sglang(parsed, rule_env, model, gpu_mib)
     layer = _resolved_layer(resolution, translated.renamed)

@@ -16,6 +16,8 @@ FALSE = frozenset({"false", "0", "no", "n"})
 BOOL_DEFAULTS: dict[str, bool] = {
     "SGLANG_DISAGG_STAGING_BUFFER": False,
     "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": False,
+    "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": False,
+    "SGLANG_IS_IN_CI": False,
 }
 """The boolean variables cpkv's rules read, to their default in ``environ.py``."""
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from flags.model import FlagError
+from flags.sglang.checkpoint import PUBLISHED, Checkpoint, checkpoint, with_overrides
 from flags.sglang.multimodal import Multimodal, multimodal, text_config
 
 MLA_ARCHITECTURES = frozenset(
@@ -145,6 +146,9 @@ class SglangModel:
     """The ``config.json`` read; None for a model known by name."""
     config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
     """The ``config.json`` as read; None for a model known by name."""
+    checkpoint: Checkpoint | None = None
+    """What ``--quantization`` and ``--context-length`` are checked against; None when not
+    known (a model known by its family's name only)."""
 
 
 DEEPSEEK_V32 = SglangModel("DeepseekV32ForCausalLM", dsa=True)
@@ -180,9 +184,12 @@ MODELS_BY_PRESET: dict[str, SglangModel] = {
 """cpkv's model presets that SGLang serves (``tiny`` is cpkv's test vehicle, not a model)."""
 
 
-def sglang_model(model_path: str | None, preset: str | None = None) -> SglangModel | None:
+def sglang_model(
+    model_path: str | None, preset: str | None = None, overrides: Mapping[str, Any] | None = None
+) -> SglangModel | None:
     """The model a preset (first), a local folder's ``config.json`` or a ``--model-path``
-    name describes; None when cpkv does not know it.
+    name describes; None when cpkv does not know it. ``overrides`` are the command's
+    ``--json-model-override-args``, which SGLang applies to the config it reads.
 
     Raises:
         FlagError: ``model_path`` is a folder on this machine without a readable
@@ -193,18 +200,44 @@ def sglang_model(model_path: str | None, preset: str | None = None) -> SglangMod
     if model_path is None:
         return None
     if Path(model_path).is_dir():
-        return model_from_folder(Path(model_path))
+        return model_from_folder(Path(model_path), overrides or {})
     name = model_path.rstrip("/").rsplit("/", 1)[-1].lower().replace("_", "-")
-    for prefix, model in MODEL_FAMILIES:
-        if name.startswith(prefix):
-            return model
-    if name.startswith(GQA_FAMILIES) and not any(part in name for part in NOT_TEXT_GQA):
-        return GQA
-    return None
+    family = next((model for prefix, model in MODEL_FAMILIES if name.startswith(prefix)), None)
+    if family is None and name.startswith(GQA_FAMILIES):
+        family = None if any(part in name for part in NOT_TEXT_GQA) else GQA
+    if family is None:
+        return None
+    model = _overridden(family, overrides or {})
+    published = PUBLISHED.get(name)
+    if published is None:
+        return model
+    dsa_capable = model.architecture in DSA_ARCHITECTURES and not family.dsa
+    return replace(model, checkpoint=with_overrides(published, overrides or {}, dsa_capable))
 
 
-def model_from_folder(folder: Path) -> SglangModel:
-    """The model of a checkpoint folder, from its ``config.json`` as SGLang reads it.
+def _overridden(family: SglangModel, overrides: Mapping[str, Any]) -> SglangModel:
+    """A model known by name with the ``architectures`` and ``index_topk`` of
+    ``--json-model-override-args`` over its published config: whether it is MLA, DSA and of
+    the DeepSeek family follows the new architecture (its config's other fields unknown)."""
+    architectures = overrides.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        architectures = [family.architecture]
+    names = [str(a) for a in architectures]
+    has_index_topk = family.dsa or overrides.get("index_topk") is not None
+    if names[0] == family.architecture and has_index_topk == family.dsa:
+        return family
+    return replace(
+        family,
+        architecture=names[0],
+        dsa=names[0] in DSA_ARCHITECTURES and has_index_topk,
+        mla=family.mla or _mla(names, {}),
+        deepseek_family=names[0] in DEEPSEEK_FAMILY,
+    )
+
+
+def model_from_folder(folder: Path, overrides: Mapping[str, Any] | None = None) -> SglangModel:
+    """The model of a checkpoint folder, from its ``config.json`` as SGLang reads it, with
+    ``overrides`` (``--json-model-override-args``) applied over its top level.
 
     Raises:
         FlagError: no ``config.json``, or one that is not a JSON object with
@@ -221,14 +254,19 @@ def model_from_folder(folder: Path) -> SglangModel:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise FlagError(f"{path}: cannot read it as JSON: {exc}") from exc
+    if isinstance(config, dict):
+        config = {**config, **(overrides or {})}
     architectures = config.get("architectures") if isinstance(config, dict) else None
     if not isinstance(architectures, list) or not architectures:
         raise FlagError(f"{path}: needs a non-empty 'architectures' list, as SGLang reads it")
-    return model_from_config(config, str(path))
+    return model_from_config(config, str(path), folder)
 
 
-def model_from_config(config: Mapping[str, Any], path: str) -> SglangModel:
-    """The facts SGLang's rules read from a ``config.json`` mapping."""
+def model_from_config(
+    config: Mapping[str, Any], path: str, folder: Path | None = None
+) -> SglangModel:
+    """The facts SGLang's rules read from a ``config.json`` mapping (in ``folder``, where
+    SGLang also looks for a quantization description of its own)."""
     architectures = [str(a) for a in config["architectures"]]
     architecture = architectures[0]
     text = text_config(config)
@@ -253,6 +291,7 @@ def model_from_config(config: Mapping[str, Any], path: str) -> SglangModel:
         learnable_sink=bool(config_fields.get("learnable_sink", False)),
         config_path=path,
         config=config,
+        checkpoint=checkpoint(config, text, dsa_fields if dsa else None, folder),
     )
 
 

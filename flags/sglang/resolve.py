@@ -12,8 +12,10 @@ from typing import Any
 
 from flags.checks import Problem, ProblemCode
 from flags.sglang.encoder import check_encoder_disaggregation
+from flags.sglang.experts import eplb_and_dispatch, lm_head
 from flags.sglang.kv_shard import check_kv_cache_sharding
 from flags.sglang.memory import H200_MIB, MemoryDefaults, memory_defaults
+from flags.sglang.model_config import check_model_config
 from flags.sglang.model_rules import attention_backend, model_rules
 from flags.sglang.models import SglangModel
 from flags.sglang.parser import ParsedArgs
@@ -82,6 +84,7 @@ def resolve_sglang(
     state = Resolving(parsed, env, model, gpu_mib)
     for step in (
         _device,
+        check_model_config,
         _deprecated_dp_attention,
         _pd_disaggregation,
         _decode_context_parallelism,
@@ -93,7 +96,9 @@ def resolve_sglang(
         _context_parallelism,
         check_kv_cache_sharding,
         _a2a_ep_size,
+        eplb_and_dispatch,
         _cache_compatibility,
+        lm_head,
         check_encoder_disaggregation,
         _model_capability,
     ):
