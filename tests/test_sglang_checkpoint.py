@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from flags import read_sglang
 from flags.sglang.checkpoint import (
     PUBLISHED,
     checkpoint,
@@ -148,3 +149,16 @@ def test_model_overrides_are_a_json_object_or_refused(
     text: str | None, overrides: dict[str, object] | None
 ) -> None:
     assert model_overrides(text) == overrides
+
+
+def test_a_command_s_overrides_reach_the_config_plan_reads() -> None:
+    """``cpkv plan --from-sglang`` counts a folder's model from ``SglangModel.config``."""
+    folder = MODELS / "local" / "v32-finetune"
+    command = (
+        f"python -m sglang.launch_server --model-path {folder} --tp 8 "
+        """--json-model-override-args '{"num_hidden_layers": 30}'"""
+    )
+    for text, layers in ((command, 30), (command.split(" --json")[0], 61)):
+        model = read_sglang(text).sglang.model
+        assert model is not None and model.config is not None
+        assert model.config["num_hidden_layers"] == layers
