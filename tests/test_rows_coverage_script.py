@@ -3,27 +3,18 @@ number of passes a run, from the instances of the runs given."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "rows_coverage.py"
+from tests.scripts_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def coverage_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rows_coverage", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # NOTE: dataclasses resolve the script's annotations through sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("rows_coverage")
 
 
 def _entry(bs: int, instances: list[list[tuple[float, float]]], history: int = 4096) -> Any:

@@ -3,26 +3,17 @@ yardstick docs/real-rows.md reads a run next to ``yes`` against."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "rows_tables.py"
+from tests.scripts_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def tables() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("rows_tables", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # NOTE: dataclasses resolve the script's annotations through sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("rows_tables")
 
 
 def _run(figures: dict[int, tuple[float, float, float]], history: int = 131072) -> Any:

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import shlex
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from flags.sglang.launcher import split_launch
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sglang_random_commands.py"
+from tests.scripts_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sglang_random_commands", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sglang_random_commands")
 
 
 def test_a_seed_draws_the_same_commands_and_another_seed_others(script: ModuleType) -> None:

@@ -3,9 +3,7 @@ cpkv's rules rely on are in it."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -13,18 +11,11 @@ import pytest
 
 from flags.sglang.seed import CPKV_ONLY, SEED_NAMES
 from flags.sglang.table import TABLE_PATH, OptionKind, option_by_dest, sglang_options
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.scripts_loader import load_script
 
 
 def _generator() -> ModuleType:
-    path = ROOT / "scripts" / "sglang_flag_table.py"
-    spec = importlib.util.spec_from_file_location("sglang_flag_table", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NOTE: dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("sglang_flag_table")
 
 
 def _wheel(generator: ModuleType) -> Path:
